@@ -1,0 +1,44 @@
+"""The model-runner interface: the one owner of a model's KV state, for several sequences."""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class ModelRunner(Protocol):
+    """Forward new tokens for one or more sequences; truncate or free each sequence's KV state.
+
+    A sequence's KV state holds the tokens forwarded so far, in order; `length(seq)` counts them.
+    Rollback is explicit: `truncate(seq, n)` keeps the first n tokens. Nothing else edits it.
+    """
+
+    vocab_size: int  # width of the logits rows
+    max_context: int  # most tokens one sequence may hold
+    backend: str  # "torch" or "llama.cpp"
+
+    def new_sequence(self) -> int: ...
+
+    def forward(
+        self,
+        seq_ids: list[int],
+        tokens: list[list[int]],  # new tokens per sequence, appended to its KV state
+        num_logits: list[int],  # per sequence: logits for the last k of its new tokens
+    ) -> list[torch.Tensor]:  # per sequence: [k, vocab_size] float32
+        ...
+
+    def truncate(self, seq_id: int, n: int) -> None: ...
+
+    def length(self, seq_id: int) -> int: ...
+
+    def free(self, seq_id: int) -> None: ...
+
+
+def check_forward_args(seq_ids: list[int], tokens: list[list[int]], num_logits: list[int]) -> None:
+    if not (len(seq_ids) == len(tokens) == len(num_logits)):
+        raise ValueError("seq_ids, tokens and num_logits must have one entry per sequence")
+    for toks, k in zip(tokens, num_logits):
+        if not toks:
+            raise ValueError("each sequence in a forward needs at least one new token")
+        if not 0 <= k <= len(toks):
+            raise ValueError(f"num_logits {k} must be within [0, {len(toks)}] new tokens")

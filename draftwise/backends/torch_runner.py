@@ -1,0 +1,70 @@
+"""PyTorch + transformers backend: any AutoModelForCausalLM, fp32 on CPU (or a GPU).
+
+KV scheme: one transformers `DynamicCache` per sequence. `DynamicCache.crop` cuts every batch row
+by the same amount, so a batched cache cannot roll back ragged sequences; per-sequence caches
+make `truncate(seq, n)` an independent `crop(n)`. A multi-sequence `forward` runs the sequences
+one after another (no padding, no wasted compute); batching them into one kernel call is the
+llama.cpp backend's job, where sequence ids share one KV buffer.
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+from transformers import DynamicCache
+
+from draftwise.backends.base import check_forward_args
+
+
+class TorchRunner:
+    backend = "torch"
+
+    def __init__(self, model, max_context: int | None = None, device: str | torch.device = "cpu"):
+        self.model = model.eval().to(device)
+        self.device = torch.device(device)
+        cfg = model.config
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.max_context = int(max_context or getattr(cfg, "max_position_embeddings", 4096))
+        self._caches: dict[int, DynamicCache] = {}
+        self._ids = itertools.count()
+
+    def new_sequence(self) -> int:
+        seq = next(self._ids)
+        self._caches[seq] = DynamicCache(config=self.model.config)
+        return seq
+
+    @torch.inference_mode()
+    def forward(self, seq_ids: list[int], tokens: list[list[int]], num_logits: list[int]) -> list[torch.Tensor]:
+        check_forward_args(seq_ids, tokens, num_logits)
+        out = []
+        for seq, toks, k in zip(seq_ids, tokens, num_logits):
+            cache = self._caches[seq]
+            if cache.get_seq_length() + len(toks) > self.max_context:
+                raise ValueError(f"sequence {seq} would exceed the context of {self.max_context} tokens")
+            ids = torch.tensor([toks], dtype=torch.long, device=self.device)  # [1, n]
+            res = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=max(k, 1))
+            logits = res.logits[0, -k:] if k else res.logits[0, :0]  # [k, V]
+            out.append(logits.float())
+        return out
+
+    def truncate(self, seq_id: int, n: int) -> None:
+        cache = self._caches[seq_id]
+        if not 0 <= n <= cache.get_seq_length():
+            raise ValueError(f"cannot truncate sequence {seq_id} of {cache.get_seq_length()} tokens to {n}")
+        if n < cache.get_seq_length():
+            cache.crop(n - cache.get_seq_length())  # transformers 5.x: a negative count removes tokens
+
+    def length(self, seq_id: int) -> int:
+        return self._caches[seq_id].get_seq_length()
+
+    def free(self, seq_id: int) -> None:
+        self._caches.pop(seq_id, None)
+
+    def kv_bytes(self) -> int:
+        total = 0
+        for cache in self._caches.values():
+            for layer in cache.layers:
+                for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                    if isinstance(t, torch.Tensor):
+                        total += t.numel() * t.element_size()
+        return total

@@ -1,0 +1,39 @@
+"""The drafter interface: propose up to n tokens that continue a context."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from draftwise.sampling import SamplingParams
+
+
+@dataclass(slots=True)
+class Proposal:
+    tokens: list[int]  # [d] proposed tokens, d <= the number asked for (may be 0)
+    probs: torch.Tensor | None = None  # [d, V] draft probabilities q after warping; None = one-hot
+
+    def draft_probs(self, vocab_size: int) -> torch.Tensor:
+        """q as a [d, vocab_size] tensor: the drafter's own, zero-padded to the target's width, or one-hot."""
+        if self.probs is None:
+            q = torch.zeros(len(self.tokens), vocab_size)
+            q[torch.arange(len(self.tokens)), torch.tensor(self.tokens, dtype=torch.long)] = 1.0
+            return q
+        if self.probs.shape[1] < vocab_size:  # draft head narrower than the target's padded vocab
+            return torch.nn.functional.pad(self.probs, (0, vocab_size - self.probs.shape[1]))
+        return self.probs[:, :vocab_size]
+
+
+class Drafter(Protocol):
+    """Drafters are stateless towards the engine: `context` is the whole committed sequence
+    (prompt + output) at every call; a drafter with its own state reconciles it with `context`
+    itself. `seq_key` identifies the request, so one drafter serves several in flight."""
+
+    name: str
+    max_context: int | None  # most tokens the drafter can hold, None = unbounded
+
+    def propose(self, seq_key: int, context: list[int], num_tokens: int,
+                params: SamplingParams, generator: torch.Generator | None) -> Proposal: ...
+
+    def release(self, seq_key: int) -> None: ...

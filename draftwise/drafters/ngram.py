@@ -1,0 +1,53 @@
+"""Prompt lookup (n-gram) drafting: reuse what followed an earlier copy of the context's suffix."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from draftwise.drafters.base import Proposal
+from draftwise.sampling import SamplingParams
+
+
+def ngram_propose(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> np.ndarray:
+    """Find the longest suffix of `tokens` (min_n <= n <= max_n) that occurred earlier, and return
+    up to k tokens that followed its most recent earlier occurrence (empty if none).
+
+    Example: tokens = [1 2 3 4 1 2], min_n=1, max_n=3, k=2. The suffix [4 1 2] never occurred
+    before; [1 2] did, at index 0, followed by [3 4] -> returns [3 4].
+    """
+    L = len(tokens)
+    if L < min_n + 1 or k <= 0:
+        return tokens[:0]
+    # candidate ends: earlier positions j (j <= L-2, so a token follows) holding the last token
+    ends = np.flatnonzero(tokens[: L - 1] == tokens[L - 1])
+    best = None
+    for i in range(1, max_n + 1):  # i = match length so far
+        if ends.size == 0:
+            break
+        if i >= min_n:
+            best = ends[-1]  # most recent end among matches of length i
+        if i == max_n or L - 1 - i < 0:
+            break
+        ends = ends[ends - i >= 0]
+        ends = ends[tokens[ends - i] == tokens[L - 1 - i]]
+    if best is None:
+        return tokens[:0]
+    return tokens[best + 1: best + 1 + k]
+
+
+class NgramDrafter:
+    name = "ngram"
+    max_context = None
+
+    def __init__(self, min_n: int = 2, max_n: int = 4):
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"n-gram sizes need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        self.min_n, self.max_n = min_n, max_n
+
+    def propose(self, seq_key: int, context: list[int], num_tokens: int,
+                params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+        arr = np.asarray(context, dtype=np.int64)
+        return Proposal(ngram_propose(arr, self.min_n, self.max_n, num_tokens).tolist())  # q one-hot
+
+    def release(self, seq_key: int) -> None:
+        pass

@@ -1,0 +1,166 @@
+"""The generation engine: prefill, then propose -> verify -> commit until a stop.
+
+Plain decoding is the same loop with no drafter (every step is a plain step), so the baseline and
+speculation share every other line.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from draftwise.backends.base import ModelRunner
+from draftwise.drafters.base import Drafter, Proposal
+from draftwise.output import OutputTracker
+from draftwise.sampling import SamplingParams, sample, warp
+from draftwise.stats import SpecStats
+from draftwise.tokenizer import Tokenizer
+from draftwise.verify import VerifyResult, greedy_verify, rejection_sample
+
+_NO_DRAFT = Proposal([])
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Tokens committed by one step, delivered as soon as they are committed."""
+    token_ids: list[int]
+    text: str  # the text delta these tokens complete (may lag a token behind a split character)
+    time_s: float  # since the request started
+    finish_reason: str | None = None  # "stop" | "length" on the last chunk
+    result: GenerationResult | None = None  # on the last chunk
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str
+    stats: SpecStats
+    ttft_s: float
+    chunk_times_s: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids, "prompt_tokens": self.prompt_tokens,
+                "finish_reason": self.finish_reason, "ttft_s": self.ttft_s, "stats": self.stats.to_dict()}
+
+
+class Engine:
+    def __init__(self, target: ModelRunner, tokenizer: Tokenizer, drafter: Drafter | None = None,
+                 num_draft_tokens: int = 4):
+        if num_draft_tokens < 0:
+            raise ValueError(f"num_draft_tokens must be >= 0, got {num_draft_tokens}")
+        self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
+        self.num_draft_tokens = num_draft_tokens
+        self._keys = itertools.count()
+
+    def generate(self, prompt: str | list[int], **kwargs) -> GenerationResult:
+        """Run a request to its end; kwargs as for stream()."""
+        for chunk in self.stream(prompt, **kwargs):
+            if chunk.result is not None:
+                return chunk.result
+        raise RuntimeError("generation ended without a result")
+
+    def stream(self, prompt: str | list[int], max_tokens: int = 128, temperature: float = 0.0,
+               top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+               stop: list[str] | None = None, num_draft_tokens: int | None = None) -> Iterator[Chunk]:
+        params = SamplingParams(temperature, top_p, top_k, seed)
+        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        d_max = self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
+        self._check_request(prompt_ids, max_tokens, d_max)
+        if self.drafter is None:
+            d_max = 0
+        return self._run(prompt_ids, max_tokens, params, list(stop or []), d_max)
+
+    def _check_request(self, prompt_ids: list[int], max_tokens: int, d_max: int) -> None:
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        if d_max < 0:
+            raise ValueError(f"num_draft_tokens must be >= 0, got {d_max}")
+        limit = self.target.max_context
+        if self.drafter is not None and self.drafter.max_context is not None:
+            limit = min(limit, self.drafter.max_context)
+        need = len(prompt_ids) + max_tokens + (d_max if self.drafter else 0)
+        if need > limit:
+            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) + draft "
+                             f"({d_max if self.drafter else 0}) = {need} exceeds the context of {limit} tokens")
+        bad = [t for t in prompt_ids if not 0 <= t < self.target.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids out of range [0, {self.target.vocab_size}): {bad[:5]}")
+
+    def _run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams,
+             stop: list[str], d_max: int) -> Iterator[Chunk]:
+        stats = SpecStats()
+        gen = None if params.greedy else params.generator()
+        out = OutputTracker(self.tokenizer, max_tokens, stop)
+        seq, key = self.target.new_sequence(), next(self._keys)
+        t0 = time.perf_counter()
+        times: list[float] = []
+        ttft = 0.0
+        try:
+            logits = self.target.forward([seq], [prompt_ids], [1])[0]  # [1, V]
+            first = self._plain_token(logits, params, gen)
+            stats.plain_steps += 1
+            stats.prefill_s = time.perf_counter() - t0
+            ctx = prompt_ids + [first]  # invariant: the target KV holds ctx[:-1]
+            chunk = self._commit(out, [first], stats, t0, times, None)
+            ttft = chunk.time_s
+            while out.finish_reason is None:
+                yield chunk
+                # propose
+                room = out.remaining - 1  # the round always emits one token besides the accepted
+                d = min(d_max, room)
+                t = time.perf_counter()
+                prop = self.drafter.propose(key, ctx, d, params, gen) if d > 0 else _NO_DRAFT
+                t_draft = time.perf_counter()
+                stats.draft_s += t_draft - t
+                # verify
+                feed = [ctx[-1]] + prop.tokens
+                logits = self.target.forward([seq], [feed], [len(feed)])[0]  # [d+1, V]
+                res = self._verify(logits, prop, params, gen)
+                self.target.truncate(seq, len(ctx) + res.num_accepted)  # drop rejected draft KV
+                stats.verify_s += time.perf_counter() - t_draft
+                # commit
+                if prop.tokens:
+                    stats.record_round(len(prop.tokens), res.num_accepted)
+                else:
+                    stats.plain_steps += 1
+                ctx += res.tokens
+                chunk = self._commit(out, res.tokens, stats, t0, times, bool(prop.tokens))
+            stats.wall_s = time.perf_counter() - t0
+            stats.other_s = stats.wall_s - stats.prefill_s - stats.draft_s - stats.verify_s
+            chunk.result = GenerationResult(out.text, out.token_ids, len(prompt_ids), out.finish_reason,
+                                            stats, ttft, times)
+        finally:  # also runs when the consumer stops early (a client disconnects)
+            self.target.free(seq)
+            if self.drafter is not None:
+                self.drafter.release(key)
+        yield chunk
+
+    def _commit(self, out: OutputTracker, tokens: list[int], stats: SpecStats, t0: float,
+                times: list[float], from_round: bool | None) -> Chunk:
+        kept, delta = out.add(tokens)
+        stats.emitted_tokens += len(kept)
+        stats.discarded_tokens += len(tokens) - len(kept)
+        if from_round:
+            stats.round_emitted_tokens += len(kept)
+        now = time.perf_counter() - t0
+        times.append(now)
+        return Chunk(kept, delta, now, out.finish_reason)
+
+    def _plain_token(self, logits: torch.Tensor, params: SamplingParams, gen) -> int:
+        if params.greedy:
+            return int(logits[-1].argmax())
+        return sample(warp(logits[-1:], params)[0], gen)
+
+    def _verify(self, logits: torch.Tensor, prop: Proposal, params: SamplingParams, gen) -> VerifyResult:
+        draft = torch.tensor(prop.tokens, dtype=torch.long)  # [d]
+        if params.greedy:
+            return greedy_verify(logits, draft)
+        p = warp(logits, params)  # [d+1, V]
+        return rejection_sample(p, prop.draft_probs(p.shape[1]), draft, gen)

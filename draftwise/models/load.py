@@ -1,0 +1,56 @@
+"""Load a model spec as a (runner, tokenizer) pair on a backend."""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from draftwise.models.registry import ModelSource, cache_dir, resolve
+from draftwise.tokenizer import Tokenizer
+
+# end-of-turn tokens that stop generation when present (as llama.cpp's end-of-generation set)
+_EOG_STRINGS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
+
+
+def _hf_args(src: ModelSource) -> tuple[str, dict]:
+    if src.kind == "gguf":
+        p = Path(src.path)
+        return str(p.parent), {"gguf_file": p.name}
+    return src.path, {}
+
+
+def load_tokenizer(src: ModelSource) -> Tokenizer:
+    from transformers import AutoTokenizer
+
+    path, kw = _hf_args(src)
+    if src.kind == "gguf":  # converting a GGUF vocabulary takes ~20 s: keep the result
+        st = Path(src.path).stat()
+        key = hashlib.sha256(f"{Path(src.path).resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
+        saved = cache_dir() / "tokenizers" / f"{Path(src.path).stem}-{key}"
+        if (saved / "tokenizer_config.json").is_file():
+            hf = AutoTokenizer.from_pretrained(saved)
+        else:
+            hf = AutoTokenizer.from_pretrained(path, **kw)
+            hf.save_pretrained(saved)
+    else:
+        hf = AutoTokenizer.from_pretrained(path, **kw)
+    vocab = hf.get_vocab()
+    eos = {vocab[s] for s in _EOG_STRINGS if s in vocab}
+    return Tokenizer(hf, eos)
+
+
+def load_torch(spec: str, device: str = "cpu", threads: int | None = None, max_context: int | None = None):
+    """(TorchRunner, Tokenizer) for a model spec; fp32 on CPU."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from draftwise.backends.torch_runner import TorchRunner
+
+    if threads:
+        torch.set_num_threads(threads)
+    src = resolve(spec)
+    path, kw = _hf_args(src)
+    dtype = torch.float32 if str(device) == "cpu" else torch.bfloat16
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
+    return TorchRunner(model, max_context=max_context, device=device), load_tokenizer(src)

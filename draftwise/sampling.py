@@ -1,0 +1,58 @@
+"""Sampling settings and the logits -> probabilities warp shared by target and drafter."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0.0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def generator(self) -> torch.Generator:
+        g = torch.Generator()
+        g.manual_seed(self.seed if self.seed is not None else torch.seed())
+        return g
+
+
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[N, V] logits -> [N, V] float32 probabilities after temperature, top-k, then top-p.
+
+    Applied identically to target and draft logits, so p and q live in the same warped space.
+    """
+    if params.greedy:
+        raise ValueError("warp() is for temperature > 0; greedy decoding uses argmax")
+    x = logits.float() / params.temperature
+    if params.top_k and params.top_k < x.shape[-1]:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]  # [N, 1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
+        drop = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One categorical draw from a [V] probability vector."""
+    return int(torch.multinomial(probs, 1, generator=generator))

@@ -1,0 +1,106 @@
+"""Speculation statistics: counted per request, merged for aggregates, derived in one place.
+
+Counters (words as defined in `draftwise.verify`):
+- proposed_tokens: draft tokens sent to verification.
+- accepted_draft_tokens: proposed tokens the target accepted.
+- emitted_tokens: tokens delivered to the user (after stop truncation), from all steps.
+- verification_rounds: target steps that verified at least one draft token.
+- round_emitted_tokens: emitted tokens that came from verification rounds (accepted + recovered
+  or bonus, minus those discarded).
+- plain_steps: target steps with no draft, each emitting one token; the prefill step that emits
+  the first token counts as one.
+- discarded_tokens: tokens produced by a step but cut by a stop.
+- proposed_per_position[i] / accepted_per_position[i]: the same counts for draft position i.
+Times in seconds: prefill_s (prompt forward, first token), draft_s, verify_s (target forwards
+and the acceptance test of rounds and plain steps), other_s (the rest of wall_s: bookkeeping,
+stop checks, detokenising, callbacks).
+
+Derived:
+- acceptance_rate = accepted_draft_tokens / proposed_tokens
+- acceptance_length (AL) = round_emitted_tokens / verification_rounds, counting the recovered or
+  bonus token, so AL is in [1, D+1]
+- ms_per_emitted_token = 1000 * wall_s / emitted_tokens
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass(slots=True)
+class SpecStats:
+    proposed_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    emitted_tokens: int = 0
+    verification_rounds: int = 0
+    round_emitted_tokens: int = 0
+    plain_steps: int = 0
+    discarded_tokens: int = 0
+    proposed_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
+    wall_s: float = 0.0
+    requests: int = 1
+
+    def record_round(self, proposed: int, accepted: int) -> None:
+        self.verification_rounds += 1
+        self.proposed_tokens += proposed
+        self.accepted_draft_tokens += accepted
+        _grow(self.proposed_per_position, proposed)
+        _grow(self.accepted_per_position, accepted)
+
+    def merge(self, other: SpecStats) -> SpecStats:
+        """Aggregate: counts and times add up; derived metrics are recomputed from the sums."""
+        out = SpecStats(requests=0)
+        for f in fields(SpecStats):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(a, list):
+                n = max(len(a), len(b))
+                setattr(out, f.name, [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)])
+            else:
+                setattr(out, f.name, a + b)
+        return out
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_draft_tokens / self.proposed_tokens if self.proposed_tokens else None
+
+    @property
+    def acceptance_length(self) -> float | None:
+        return self.round_emitted_tokens / self.verification_rounds if self.verification_rounds else None
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / p for a, p in zip(self.accepted_per_position, self.proposed_per_position) if p]
+
+    @property
+    def ms_per_emitted_token(self) -> float | None:
+        return 1000.0 * self.wall_s / self.emitted_tokens if self.emitted_tokens else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.emitted_tokens / self.wall_s if self.wall_s > 0 else None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for k in ("acceptance_rate", "acceptance_length", "per_position_acceptance",
+                  "ms_per_emitted_token", "tokens_per_s"):
+            d[k] = getattr(self, k)
+        return d
+
+
+def aggregate(stats: list[SpecStats]) -> SpecStats:
+    out = SpecStats(requests=0)
+    for s in stats:
+        out = out.merge(s)
+    return out
+
+
+def _grow(counts: list[int], upto: int) -> None:
+    """Add one to counts[0:upto], extending the list as needed."""
+    if len(counts) < upto:
+        counts.extend([0] * (upto - len(counts)))
+    for i in range(upto):
+        counts[i] += 1

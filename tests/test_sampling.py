@@ -1,0 +1,33 @@
+import pytest
+import torch
+
+from draftwise.sampling import SamplingParams, warp
+
+
+def test_temperature_top_k_top_p_exact():
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.10]]))
+    p = warp(logits, SamplingParams(temperature=1.0))
+    assert torch.allclose(p, torch.tensor([[0.5, 0.25, 0.15, 0.10]]))
+    p = warp(logits, SamplingParams(temperature=1.0, top_k=2))
+    assert torch.allclose(p, torch.tensor([[2 / 3, 1 / 3, 0.0, 0.0]]))
+    # top_p = 0.7: 0.5 alone is short of 0.7, 0.5 + 0.25 reaches it -> keep two tokens
+    p = warp(logits, SamplingParams(temperature=1.0, top_p=0.7))
+    assert torch.allclose(p, torch.tensor([[2 / 3, 1 / 3, 0.0, 0.0]]))
+    p = warp(logits, SamplingParams(temperature=1.0, top_p=0.5))  # the first token alone reaches it
+    assert torch.allclose(p, torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+    # temperature 2 flattens: p ∝ sqrt(p)
+    p = warp(logits, SamplingParams(temperature=2.0))
+    s = torch.sqrt(torch.tensor([0.5, 0.25, 0.15, 0.10]))
+    assert torch.allclose(p[0], s / s.sum())
+
+
+@pytest.mark.parametrize("kw,msg", [({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
+                                    ({"top_p": 1.5}, "top_p"), ({"top_k": -2}, "top_k")])
+def test_invalid_params(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        SamplingParams(**kw)
+
+
+def test_greedy_has_no_warp():
+    with pytest.raises(ValueError):
+        warp(torch.zeros(1, 3), SamplingParams())
