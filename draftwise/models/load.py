@@ -5,7 +5,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from draftwise.models.registry import ModelSource, cache_dir, resolve
+from draftwise.models.registry import PACKAGED, ModelSource, cache_dir, resolve
 from draftwise.tokenizer import Tokenizer
 
 # end-of-turn tokens that stop generation when present (as llama.cpp's end-of-generation set)
@@ -54,3 +54,31 @@ def load_torch(spec: str, device: str = "cpu", threads: int | None = None, max_c
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
     return TorchRunner(model, max_context=max_context, device=device), load_tokenizer(src)
+
+
+BACKENDS = ("torch", "llama.cpp")
+
+
+def default_backend(spec: str) -> str:
+    """llama.cpp for GGUF models on a machine without a GPU, torch otherwise."""
+    import torch
+
+    if (spec.endswith(".gguf") or spec in PACKAGED) and not torch.cuda.is_available():
+        try:
+            import llama_cpp  # noqa: F401
+            return "llama.cpp"
+        except ImportError:
+            pass
+    return "torch"
+
+
+def load_runner(spec: str, backend: str = "torch", threads: int | None = None,
+                max_context: int | None = None, **backend_kw):
+    """(runner, tokenizer) for a model spec on the named backend."""
+    if backend == "torch":
+        return load_torch(spec, device=backend_kw.get("device", "cpu"), threads=threads, max_context=max_context)
+    if backend == "llama.cpp":
+        from draftwise.backends.llama_runner import load_llama
+
+        return load_llama(spec, threads=threads, n_ctx=max_context, **backend_kw)
+    raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
