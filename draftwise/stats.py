@@ -104,3 +104,26 @@ def _grow(counts: list[int], upto: int) -> None:
         counts.extend([0] * (upto - len(counts)))
     for i in range(upto):
         counts[i] += 1
+
+
+_ROWS = (
+    ("emitted_tokens", "{:d}"), ("tokens_per_s", "{:.2f}"), ("ms_per_emitted_token", "{:.1f}"),
+    ("proposed_tokens", "{:d}"), ("accepted_draft_tokens", "{:d}"), ("acceptance_rate", "{:.3f}"),
+    ("acceptance_length", "{:.2f}"), ("verification_rounds", "{:d}"), ("plain_steps", "{:d}"),
+    ("discarded_tokens", "{:d}"), ("prefill_s", "{:.2f}"), ("draft_s", "{:.2f}"), ("verify_s", "{:.2f}"),
+    ("other_s", "{:.3f}"), ("wall_s", "{:.2f}"),
+)
+
+
+def format_table(columns: dict[str, SpecStats]) -> str:
+    """Stats side by side, one column per configuration, one row per metric."""
+    names = list(columns)
+    width = max(12, *(len(n) for n in names))
+    lines = [f"{'metric':<22}" + "".join(f"{n:>{width + 2}}" for n in names)]
+    for key, fmt in _ROWS:
+        cells = []
+        for n in names:
+            v = getattr(columns[n], key)
+            cells.append("-" if v is None else fmt.format(v))
+        lines.append(f"{key:<22}" + "".join(f"{c:>{width + 2}}" for c in cells))
+    return "\n".join(lines)

@@ -1,0 +1,149 @@
+"""draftwise command line: parse -> engine -> format."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+DEMO_PROMPT = ("Rename the variable `lst` to `numbers` everywhere and add a docstring.\n\n```python\n"
+               "def mean(lst):\n    total = 0\n    for x in lst:\n        total += x\n"
+               "    return total / len(lst)\n\n\ndef variance(lst):\n    m = mean(lst)\n"
+               "    return sum((x - m) ** 2 for x in lst) / len(lst)\n```")
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    from draftwise.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    p.add_argument("--target", default=DEFAULT_TARGET, help="packaged name, .gguf file or HF directory")
+    p.add_argument("--drafter", choices=("none", "model", "ngram"), default="model")
+    p.add_argument("--draft-model", default=DEFAULT_DRAFT)
+    p.add_argument("--num-draft-tokens", type=int, default=4)
+    p.add_argument("--backend", choices=("torch", "llama.cpp"), default=None,
+                   help="default: llama.cpp for GGUF models without a GPU (if installed), else torch")
+    p.add_argument("--draft-backend", choices=("torch", "llama.cpp"), default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--max-context", type=int, default=None)
+    p.add_argument("--ngram-min", type=int, default=2)
+    p.add_argument("--ngram-max", type=int, default=4)
+
+
+def _spec(a):
+    from draftwise.build import EngineSpec
+
+    return EngineSpec(a.target, a.drafter, a.draft_model, a.num_draft_tokens, a.backend, a.draft_backend,
+                      a.threads, a.max_context, a.ngram_min, a.ngram_max)
+
+
+def cmd_generate(a) -> int:
+    from draftwise.build import build_engine
+    from draftwise.engine import Engine
+    from draftwise.stats import format_table
+
+    engine, runner, tok = build_engine(_spec(a))
+    prompt = a.prompt if a.prompt is not None else DEMO_PROMPT
+    ids = tok.encode(prompt) if a.raw else tok.apply_chat([{"role": "user", "content": prompt}])
+    kw = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+              seed=a.seed, stop=a.stop)
+    runs = {}
+    if a.compare_plain:
+        runs["plain"] = Engine(runner, tok).generate(ids, **kw)
+    label = f"{a.drafter} D={a.num_draft_tokens}" if a.drafter != "none" else "plain"
+    if a.json or a.compare_plain:
+        runs[label] = engine.generate(ids, **kw)
+    else:  # stream the text as it is committed
+        for chunk in engine.stream(ids, **kw):
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+            if chunk.result is not None:
+                runs[label] = chunk.result
+        sys.stdout.write("\n")
+    if a.json:
+        print(json.dumps({name: r.to_dict() for name, r in runs.items()}, indent=1))
+        return 0
+    if a.compare_plain:
+        for name, r in runs.items():
+            print(f"=== {name} ===\n{r.text}\n")
+        same = runs["plain"].token_ids == runs[label].token_ids
+        print(f"outputs identical: {same}" + ("" if a.temperature == 0 else " (sampling: not expected)"))
+    print(format_table({name: r.stats for name, r in runs.items()}))
+    if "plain" in runs and label != "plain":
+        s, p = runs[label].stats, runs["plain"].stats
+        print(f"speedup (ms per emitted token, plain / {label}): {p.ms_per_emitted_token / s.ms_per_emitted_token:.2f}x")
+    return 0
+
+
+def cmd_models(a) -> int:
+    from draftwise.models.registry import PACKAGED, ensure_packaged
+
+    for name in (a.names or list(PACKAGED)):
+        if a.action == "install":
+            print(f"{name}: {ensure_packaged(name)}")
+        else:
+            m = PACKAGED[name]
+            print(f"{name:22} {m.filename:45} sha256 {m.sha256[:16]}…  {m.licence}")
+    return 0
+
+
+def cmd_profile(a) -> int:
+    from draftwise.models.load import default_backend, load_runner
+    from draftwise.profile import profile_runner
+
+    backend = a.backend or default_backend(a.model)
+    runner, _ = load_runner(a.model, backend, a.threads)
+    res = profile_runner(runner, ks=range(1, a.max_k + 1), batch_sizes=tuple(a.batch_sizes),
+                         context_len=a.context_len, repeats=a.repeats)
+    print(f"{a.model} on {backend}, context {a.context_len}")
+    print(res.format_table())
+    if a.out:
+        res.save(a.out)
+        print(f"saved {a.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="draftwise", description="Exact, measured speculative decoding")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    g = sub.add_parser("generate", help="generate text, speculatively or plainly")
+    _engine_args(g)
+    g.add_argument("--prompt", default=None, help="user message (default: a small code-edit request)")
+    g.add_argument("--raw", action="store_true", help="use the prompt as raw text, without the chat template")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    g.add_argument("--compare-plain", action="store_true", help="also run plain decoding and compare")
+    g.add_argument("--json", action="store_true", help="print text, token ids and stats as JSON")
+    g.set_defaults(fn=cmd_generate)
+
+    m = sub.add_parser("models", help="list or install the packaged models")
+    m.add_argument("action", choices=("list", "install"))
+    m.add_argument("names", nargs="*")
+    m.set_defaults(fn=cmd_models)
+
+    p = sub.add_parser("profile", help="time one forward over k new tokens (logits at all k), per k and batch")
+    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("--backend", choices=("torch", "llama.cpp"), default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--context-len", type=int, default=256)
+    p.add_argument("--max-k", type=int, default=17)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default=None, help="save the curve as JSON")
+    p.set_defaults(fn=cmd_profile)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        return a.fn(a)
+    except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback
+        print(f"draftwise: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Evaluation prompts and their construction: the one place every benchmark builds prompts.
+
+- EditEval: a chat turn with the instruction and the code in a ```python block; the assistant turn
+  opens with "```python\\n", so the model starts writing the edited code at once.
+- HumanEval: the raw prompt (signature + docstring) as code completion, no chat template.
+- Spec-Bench: a chat turn with the row's first turn (both turns on request).
+- JSONL files of {"id", "category", "prompt"} (raw) or {"id", "category", "messages"} rows.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftwise.tokenizer import Tokenizer
+
+PROSE = ("writing", "roleplay", "humanities")
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    id: str
+    category: str
+    text: str | None = None  # raw completion prompt
+    messages: tuple[dict, ...] | None = None  # chat turns
+    assistant_prefix: str = ""  # opens the assistant turn (chat only)
+
+    def token_ids(self, tokenizer: Tokenizer) -> list[int]:
+        if self.messages is not None:
+            return tokenizer.apply_chat(list(self.messages), self.assistant_prefix)
+        return tokenizer.encode(self.text)
+
+
+def data_dir() -> Path:
+    env = os.environ.get("DRAFTWISE_DATA")
+    d = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+    if not d.is_dir():
+        raise FileNotFoundError(f"evaluation data directory {d} not found; set DRAFTWISE_DATA")
+    return d
+
+
+def _jsonl(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def edit_eval(n: int | None = None) -> list[Prompt]:
+    rows = _jsonl(data_dir() / "edit_eval" / "edit_eval.jsonl")
+    out = [Prompt(r["task_id"], "editeval",
+                  messages=({"role": "user", "content": f"{r['instruction']}\n\n```python\n{r['input']}\n```"},),
+                  assistant_prefix="```python\n") for r in rows]
+    return out[:n]
+
+
+def humaneval(n: int | None = None) -> list[Prompt]:
+    rows = _jsonl(data_dir() / "humaneval" / "HumanEval.jsonl.gz")
+    return [Prompt(r["task_id"], "humaneval", text=r["prompt"]) for r in rows][:n]
+
+
+def spec_bench(categories: tuple[str, ...] | None = None, n: int | None = None,
+               both_turns: bool = False) -> list[Prompt]:
+    """First n rows of each asked category (in file order); `prose` expands to PROSE."""
+    if categories is not None and "prose" in categories:
+        categories = tuple(c for c in categories if c != "prose") + PROSE
+    out, seen = [], {}
+    for r in _jsonl(data_dir() / "spec_bench" / "question.jsonl"):
+        cat = r["category"]
+        if categories is not None and cat not in categories:
+            continue
+        if n is not None and seen.get(cat, 0) >= n:
+            continue
+        seen[cat] = seen.get(cat, 0) + 1
+        turns = r["turns"] if both_turns else r["turns"][:1]
+        msgs = tuple({"role": "user", "content": t} for t in turns)  # later turns without answers
+        out.append(Prompt(f"spec_bench/{r['question_id']}", cat, messages=msgs[:1] if not both_turns else msgs))
+    return out
+
+
+def from_jsonl(path: str | Path) -> list[Prompt]:
+    out = []
+    for i, r in enumerate(_jsonl(Path(path))):
+        if "messages" in r:
+            out.append(Prompt(str(r.get("id", i)), r.get("category", "custom"), messages=tuple(r["messages"])))
+        elif "prompt" in r:
+            out.append(Prompt(str(r.get("id", i)), r.get("category", "custom"), text=r["prompt"]))
+        else:
+            raise ValueError(f"{path} row {i}: needs a 'prompt' or 'messages' field")
+    return out
+
+
+def sample(prompts: list[Prompt], n_per_category: int, seed: int = 0) -> list[Prompt]:
+    """n prompts per category, drawn with a seed; order kept."""
+    by_cat: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_cat.setdefault(p.category, []).append(i)
+    rng = random.Random(seed)
+    keep = sorted(i for idx in by_cat.values() for i in rng.sample(idx, min(n_per_category, len(idx))))
+    return [prompts[i] for i in keep]
+
+
+def load_workload(name: str, n: int | None = None) -> list[Prompt]:
+    """editeval | humaneval | prose | a Spec-Bench category | a comma list of those | a .jsonl path."""
+    if name.endswith(".jsonl") or name.endswith(".jsonl.gz"):
+        return from_jsonl(name)[:n] if n else from_jsonl(name)
+    out: list[Prompt] = []
+    for part in name.split(","):
+        if part == "editeval":
+            out += edit_eval(n)
+        elif part == "humaneval":
+            out += humaneval(n)
+        else:
+            rows = spec_bench((part,), n)
+            if not rows:
+                raise ValueError(f"unknown workload {part!r}: not editeval, humaneval, prose, "
+                                 "a Spec-Bench category or a .jsonl file")
+            out += rows
+    return out
