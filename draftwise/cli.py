@@ -37,8 +37,12 @@ def _spec(a):
 def cmd_generate(a) -> int:
     from draftwise.build import build_engine
     from draftwise.engine import Engine
+    from draftwise.sampling import SamplingParams
     from draftwise.stats import format_table
 
+    SamplingParams(a.temperature, a.top_p, a.top_k, a.seed)  # bad settings fail before loading
+    if a.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be >= 1, got {a.max_tokens}")
     engine, runner, tok = build_engine(_spec(a))
     prompt = a.prompt if a.prompt is not None else DEMO_PROMPT
     ids = tok.encode(prompt) if a.raw else tok.apply_chat([{"role": "user", "content": prompt}])

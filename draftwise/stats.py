@@ -50,6 +50,7 @@ class SpecStats:
         self.accepted_draft_tokens += accepted
         _grow(self.proposed_per_position, proposed)
         _grow(self.accepted_per_position, accepted)
+        self.accepted_per_position.extend([0] * (len(self.proposed_per_position) - len(self.accepted_per_position)))
 
     def merge(self, other: SpecStats) -> SpecStats:
         """Aggregate: counts and times add up; derived metrics are recomputed from the sums."""

@@ -1,0 +1,264 @@
+"""llama.cpp backend over llama-cpp-python's low-level C API: several sequences in one context.
+
+KV scheme: one llama.cpp context per runner. Each sequence is a llama.cpp sequence id with its own
+KV stream (`kv_unified=False`), so `n_ctx` here is per sequence and the context holds
+n_ctx * n_seq_max cells; `max_context` is what llama.cpp reports per sequence. Positions come from
+the lengths kept here, and rollback is `llama_memory_seq_rm(seq, n, -1)`, so a sequence's cells are
+always positions 0..length-1. A multi-sequence forward is one llama_batch and one llama_decode
+(more only past n_batch tokens): the weights are read once for all sequences, which is what makes
+batching pay on a CPU.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import llama_cpp as _ll
+import numpy as np
+import torch
+
+from draftwise.backends.base import check_forward_args
+
+_LOG_CALLBACK = None  # must outlive every llama.cpp call: C keeps the bare pointer
+_BACKEND_READY = False
+
+
+def _init_backend() -> None:
+    """Silence llama.cpp's stderr chatter (unless DRAFTWISE_LLAMA_VERBOSE=1), once per process."""
+    global _LOG_CALLBACK, _BACKEND_READY
+    if _BACKEND_READY:
+        return
+    if os.environ.get("DRAFTWISE_LLAMA_VERBOSE") == "1":
+        _ll.llama_log_set(ctypes.cast(None, _ll.llama_log_callback), None)  # NULL: its stderr logger
+    else:
+        _LOG_CALLBACK = _ll.llama_log_callback(lambda level, text, user_data: None)
+        _ll.llama_log_set(_LOG_CALLBACK, None)
+    _ll.llama_backend_init()
+    _BACKEND_READY = True
+
+
+def physical_cores() -> int:
+    try:
+        import psutil
+
+        n = psutil.cpu_count(logical=False)
+    except ImportError:
+        n = None
+    return max(1, n or os.cpu_count() or 1)
+
+
+class LlamaRunner:
+    backend = "llama.cpp"
+
+    def __init__(self, model_path: str, n_ctx: int | None = None, n_batch: int = 512, n_seq_max: int = 4,
+                 n_threads: int | None = None, n_threads_batch: int | None = None):
+        if n_seq_max < 1 or n_batch < 1:
+            raise ValueError(f"n_seq_max ({n_seq_max}) and n_batch ({n_batch}) must be >= 1")
+        _init_backend()
+        self.model_path = str(model_path)
+        self._model = self._ctx = None
+        self._batch = None
+        mp = _ll.llama_model_default_params()
+        mp.use_extra_bufts = False
+        self._model = _ll.llama_model_load_from_file(self.model_path.encode(), mp)
+        if not self._model:
+            raise ValueError(f"llama.cpp could not load {self.model_path} (not a GGUF file this build reads?)")
+        self._vocab = _ll.llama_model_get_vocab(self._model)
+        self.vocab_size = int(_ll.llama_vocab_n_tokens(self._vocab))
+        train_ctx = int(_ll.llama_model_n_ctx_train(self._model)) or 4096
+        n_ctx = int(n_ctx or min(4096, train_ctx))
+        threads = n_threads or physical_cores()
+
+        cp = _ll.llama_context_default_params()
+        cp.n_ctx = n_ctx * n_seq_max  # llama.cpp splits n_ctx evenly over the sequence streams
+        cp.n_seq_max = n_seq_max
+        cp.kv_unified = False  # per-sequence streams: each one attends over its own cells only
+        cp.n_batch = cp.n_ubatch = n_batch  # one logical batch = one physical batch; bigger ones split here
+        cp.n_threads, cp.n_threads_batch = threads, n_threads_batch or threads
+        self._ctx = _ll.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            self.close()
+            raise RuntimeError(f"llama.cpp could not create a context of {n_ctx} x {n_seq_max} tokens "
+                               f"for {self.model_path}")
+        self._mem = _ll.llama_get_memory(self._ctx)
+        self.n_seq_max = int(_ll.llama_n_seq_max(self._ctx))
+        self.n_batch = int(_ll.llama_n_batch(self._ctx))
+        self.max_context = min(n_ctx, int(_ll.llama_n_ctx_seq(self._ctx)))
+        self.n_threads = threads
+
+        # One batch, reused: numpy views over its token/pos/logits arrays are filled by slices.
+        # llama_batch_init mallocs each token's seq_id list apart, so those are written one by one,
+        # and only where the sequence id changed since the last forward.
+        self._batch = _ll.llama_batch_init(self.n_batch, 0, 1)
+        b, n = self._batch, self.n_batch
+        self._tok = np.ctypeslib.as_array(b.token, shape=(n,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(n,))
+        self._want = np.ctypeslib.as_array(b.logits, shape=(n,))
+        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
+        self._seq_written = np.full(n, -1, dtype=np.int32)  # what each b.seq_id[i][0] holds now
+
+        self._lengths: dict[int, int] = {}  # live sequence id -> tokens in its KV
+        self._free_ids = list(range(self.n_seq_max - 1, -1, -1))  # pop() hands out the lowest id
+
+    # --- sequences -------------------------------------------------------------------------
+
+    def new_sequence(self) -> int:
+        if not self._free_ids:
+            raise ValueError(f"all {self.n_seq_max} sequences of this llama.cpp context are in use; "
+                             "free one, or load with a larger n_seq_max")
+        seq = self._free_ids.pop()
+        self._lengths[seq] = 0
+        return seq
+
+    def length(self, seq_id: int) -> int:
+        return self._lengths[seq_id]
+
+    def truncate(self, seq_id: int, n: int) -> None:
+        cur = self._lengths[seq_id]
+        if not 0 <= n <= cur:
+            raise ValueError(f"cannot truncate sequence {seq_id} of {cur} tokens to {n}")
+        if n < cur:
+            if not _ll.llama_memory_seq_rm(self._mem, seq_id, n, -1):
+                raise RuntimeError(f"llama.cpp refused to remove positions {n}.. of sequence {seq_id}")
+            self._lengths[seq_id] = n
+
+    def free(self, seq_id: int) -> None:
+        if self._lengths.pop(seq_id, None) is None:
+            return
+        if self._ctx:
+            _ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+        self._free_ids.append(seq_id)
+        self._free_ids.sort(reverse=True)
+
+    # --- forward ---------------------------------------------------------------------------
+
+    def forward(self, seq_ids: list[int], tokens: list[list[int]], num_logits: list[int]) -> list[torch.Tensor]:
+        check_forward_args(seq_ids, tokens, num_logits)
+        if self._ctx is None:
+            raise RuntimeError("this LlamaRunner is closed")
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"a sequence may appear only once in a forward, got {seq_ids}")
+        starts = []
+        for seq, toks in zip(seq_ids, tokens):
+            if seq not in self._lengths:
+                raise ValueError(f"sequence {seq} is not in use (new_sequence() first)")
+            start = self._lengths[seq]
+            if start + len(toks) > self.max_context:
+                raise ValueError(f"sequence {seq} holds {start} tokens; {len(toks)} more would exceed "
+                                 f"the context of {self.max_context} tokens per sequence")
+            starts.append(start)
+
+        # the batch: each sequence's new tokens in turn, logits only for its last k
+        counts = np.array([len(t) for t in tokens])
+        total = int(counts.sum())
+        tok = np.fromiter((t for toks in tokens for t in toks), dtype=np.int32, count=total)
+        offsets = np.cumsum(counts) - counts
+        pos = np.arange(total) - np.repeat(offsets - np.array(starts), counts)
+        seq = np.repeat(np.asarray(seq_ids, dtype=np.int32), counts)
+        want = np.zeros(total, dtype=np.int8)
+        for off, n, k in zip(offsets, counts, num_logits):
+            want[off + n - k: off + n] = 1
+
+        rows = []  # [n_out, V] per decode, copied: llama.cpp reuses its logits buffer
+        try:
+            for lo in range(0, total, self.n_batch):
+                hi = min(lo + self.n_batch, total)
+                self._decode(tok[lo:hi], pos[lo:hi], seq[lo:hi], want[lo:hi])
+                if want[lo:hi].any():
+                    rows.append(self._read_logits(want[lo:hi]))
+        except BaseException:
+            for s, start in zip(seq_ids, starts):  # a failed or split decode may leave cells behind
+                _ll.llama_memory_seq_rm(self._mem, s, start, -1)
+            raise
+        for s, n in zip(seq_ids, counts):
+            self._lengths[s] += int(n)
+
+        logits = torch.from_numpy(rows[0] if len(rows) == 1 else np.concatenate(rows)) if rows \
+            else torch.empty(0, self.vocab_size)
+        out, r = [], 0
+        for k in num_logits:
+            out.append(logits[r: r + k])  # [k, V]
+            r += k
+        return out
+
+    def _decode(self, tok: np.ndarray, pos: np.ndarray, seq: np.ndarray, want: np.ndarray) -> None:
+        n = len(tok)
+        self._tok[:n], self._pos[:n], self._want[:n] = tok, pos, want
+        for i in np.flatnonzero(self._seq_written[:n] != seq):
+            self._batch.seq_id[i][0] = int(seq[i])
+            self._seq_written[i] = seq[i]
+        self._batch.n_tokens = n
+        rc = _ll.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc} on a batch of {n} tokens "
+                               "(1: no KV slot, -1: invalid batch, 2: aborted, < -1: fatal)")
+
+    def _read_logits(self, want: np.ndarray) -> np.ndarray:  # -> [n_out, V] float32
+        idx = np.flatnonzero(want)
+        V = self.vocab_size
+        first = _ll.llama_get_logits_ith(self._ctx, int(idx[0]))
+        last = _ll.llama_get_logits_ith(self._ctx, int(idx[-1]))
+        if not first or not last:
+            raise RuntimeError("llama.cpp returned no logits for a requested position")
+        a0 = ctypes.cast(first, ctypes.c_void_p).value
+        a1 = ctypes.cast(last, ctypes.c_void_p).value
+        if a1 - a0 == (len(idx) - 1) * V * 4:  # outputs stored in batch order: one block
+            return np.ctypeslib.as_array(first, shape=(len(idx), V)).copy()
+        return np.stack([np.ctypeslib.as_array(_ll.llama_get_logits_ith(self._ctx, int(i)), shape=(V,))
+                         for i in idx])  # np.stack copies
+
+    # --- extras ----------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """llama.cpp's own tokenizer (the engine uses the transformers one; tests compare the two)."""
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        for _ in range(2):
+            buf = (_ll.llama_token * cap)()
+            n = _ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+            if n >= 0:
+                return list(buf[:n])
+            cap = -n  # too small: llama.cpp says how many it needs
+        raise RuntimeError(f"llama_tokenize failed on {len(data)} bytes")
+
+    def kv_bytes(self) -> int:
+        """Bytes of KV state held by live sequences (llama.cpp's per-sequence state size: the K and V
+        rows of its cells plus a few bytes of metadata); the preallocated buffer is larger."""
+        if self._ctx is None:
+            return 0
+        return sum(int(_ll.llama_state_seq_get_size(self._ctx, s)) for s in self._lengths)
+
+    def close(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            _ll.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            _ll.llama_free(self._ctx)
+        self._ctx = None
+        if getattr(self, "_model", None):
+            _ll.llama_model_free(self._model)
+        self._model = None
+        self._lengths = {}
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown may have torn down ctypes or the module already
+            pass
+
+
+def load_llama(spec: str, threads: int | None = None, n_ctx: int | None = None, n_batch: int | None = None,
+               n_seq_max: int | None = None, device: str | None = None):
+    """(LlamaRunner, Tokenizer) for a GGUF model spec (packaged name or .gguf path)."""
+    from draftwise.models.load import load_tokenizer
+    from draftwise.models.registry import resolve
+
+    if device not in (None, "cpu"):
+        raise ValueError(f"this llama.cpp build runs on the CPU only; got device={device!r}")
+    src = resolve(spec)
+    if src.kind != "gguf":
+        raise ValueError(f"the llama.cpp backend needs a GGUF model, but {spec!r} is a {src.kind} "
+                         f"({src.path}); pass a .gguf file or a packaged name, or use the torch backend")
+    runner = LlamaRunner(src.path, n_ctx=n_ctx, n_batch=n_batch or 512, n_seq_max=n_seq_max or 4,
+                         n_threads=threads)
+    return runner, load_tokenizer(src)

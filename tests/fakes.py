@@ -1,0 +1,60 @@
+"""A toy model runner and tokenizer for fast engine tests: logits depend on the last token only."""
+import torch
+
+
+class CycleRunner:
+    """Next token after t is (t + 1) % period, as a peaked but not one-hot distribution."""
+    backend = "fake"
+
+    def __init__(self, vocab=16, period=5, max_context=512, sharp=8.0):
+        self.vocab_size, self.period, self.max_context, self.sharp = vocab, period, max_context, sharp
+        self.seqs: dict[int, list[int]] = {}
+        self.forwards: list[list[int]] = []  # sequences per forward call
+        self._next = 0
+
+    def new_sequence(self):
+        self._next += 1
+        self.seqs[self._next] = []
+        return self._next
+
+    def logits_after(self, t):
+        row = torch.zeros(self.vocab_size)
+        row[(t + 1) % self.period] = self.sharp
+        return row
+
+    def forward(self, seq_ids, tokens, num_logits):
+        self.forwards.append(list(seq_ids))
+        out = []
+        for s, toks, k in zip(seq_ids, tokens, num_logits):
+            self.seqs[s] += toks
+            out.append(torch.stack([self.logits_after(t) for t in toks[len(toks) - k:]]) if k else torch.zeros(0, self.vocab_size))
+        return out
+
+    def truncate(self, s, n):
+        assert 0 <= n <= len(self.seqs[s])
+        del self.seqs[s][n:]
+
+    def length(self, s):
+        return len(self.seqs[s])
+
+    def free(self, s):
+        del self.seqs[s]
+
+
+class CharTokenizer:
+    """Token t decodes to chr(ord('a') + t); token 15 is EOS."""
+
+    def __init__(self, eos=15):
+        self.eos_token_ids = frozenset({eos})
+
+    def encode(self, text):
+        return [ord(c) - ord("a") for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(ord("a") + t) for t in ids if t not in self.eos_token_ids)
+
+    def fingerprint(self):
+        return "chars"
+
+    def __len__(self):
+        return 16

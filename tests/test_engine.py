@@ -1,0 +1,98 @@
+"""Engine logic on a toy runner: identity, KV bookkeeping, stops inside accepted runs, errors."""
+import pytest
+
+from draftwise.drafters.ngram import NgramDrafter
+from draftwise.engine import Engine
+from fakes import CharTokenizer, CycleRunner
+
+PROMPT = [0, 1, 2, 3, 4, 0, 1]  # "abcdeab": the cycle 0..4 repeats, so n-gram drafts are right
+
+
+def run(drafter=None, d=4, **kw):
+    runner = CycleRunner()
+    eng = Engine(runner, CharTokenizer(), drafter, d)
+    chunks = list(eng.stream(PROMPT, **kw))
+    return runner, chunks, chunks[-1].result
+
+
+def test_greedy_identity_and_stats():
+    _, _, plain = run(max_tokens=20)
+    assert plain.token_ids == [(2 + i) % 5 for i in range(20)]
+    runner, chunks, spec = run(NgramDrafter(1, 3), 4, max_tokens=20)
+    assert spec.token_ids == plain.token_ids
+    s = spec.stats
+    assert s.emitted_tokens == 20 and s.acceptance_rate == 1.0
+    assert s.emitted_tokens == s.plain_steps + s.round_emitted_tokens
+    assert s.acceptance_length == s.round_emitted_tokens / s.verification_rounds
+    assert max(len(c.token_ids) for c in chunks) == 5  # D accepted + bonus in one round
+    assert runner.seqs == {}  # the sequence was freed
+
+
+def test_stop_string_inside_accepted_run():
+    # prefill emits c; the first round emits d e a b (accepted) + c (bonus); "ea" completes at a
+    _, chunks, r = run(NgramDrafter(1, 3), 4, max_tokens=20, stop=["ea"])
+    assert r.token_ids == [2, 3, 4, 0] and r.text == "cd" and r.finish_reason == "stop"
+    assert r.stats.discarded_tokens == 2  # b and c, emitted by the round after the stop
+    assert r.stats.round_emitted_tokens == 3 and r.stats.acceptance_length == 3.0
+    assert "".join(c.text for c in chunks) == "cd"
+
+
+def test_eos_and_max_tokens_inside_accepted_run():
+    runner = CycleRunner(period=16)  # counts up to 15 = EOS
+    eng = Engine(runner, CharTokenizer(), NgramDrafter(1, 2), 8)
+    prompt = list(range(16)) + [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    r = eng.generate(prompt, max_tokens=50)
+    assert r.token_ids == [10, 11, 12, 13, 14, 15] and r.finish_reason == "stop" and r.text == "klmno"
+    r = eng.generate(prompt, max_tokens=3)
+    assert r.token_ids == [10, 11, 12] and r.finish_reason == "length"
+    assert r.stats.emitted_tokens == 3
+
+
+def test_kv_invariant_after_rejections():
+    class WrongDrafter(NgramDrafter):  # proposes one right token then a wrong one
+        def propose(self, key, ctx, n, params, gen):
+            p = super().propose(key, ctx, n, params, gen)
+            if len(p.tokens) >= 2:
+                p.tokens[1] = (p.tokens[1] + 2) % 5
+            return p
+    runner = CycleRunner()
+    eng = Engine(runner, CharTokenizer(), WrongDrafter(1, 3), 4)
+    seen = []
+    for chunk in eng.stream(PROMPT, max_tokens=12):
+        if chunk.result is None:
+            (seq,) = runner.seqs
+            seen.append(runner.length(seq))
+    r = chunk.result
+    assert r.token_ids == [(2 + i) % 5 for i in range(12)]
+    assert r.stats.accepted_per_position[:2] == [r.stats.verification_rounds, 0]
+    # the target KV always holds every committed token but the last
+    assert seen == [len(PROMPT) + n - 1 for n in [1, *[1 + 2 * i for i in range(1, len(seen))]]][: len(seen)]
+
+
+def test_sampling_seeded_determinism():
+    a = run(NgramDrafter(1, 3), 4, max_tokens=30, temperature=1.5, seed=5)[2]
+    b = run(NgramDrafter(1, 3), 4, max_tokens=30, temperature=1.5, seed=5)[2]
+    c = run(NgramDrafter(1, 3), 4, max_tokens=30, temperature=1.5, seed=6)[2]
+    assert a.token_ids == b.token_ids and a.token_ids != c.token_ids
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"max_tokens": 600}, "exceeds the context"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"temperature": -0.1}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"stop": [""]}, "stop strings"),
+    ({"num_draft_tokens": -1}, "num_draft_tokens"),
+])
+def test_invalid_requests(kw, msg):
+    eng = Engine(CycleRunner(), CharTokenizer(), NgramDrafter(1, 3), 4)
+    with pytest.raises(ValueError, match=msg):
+        eng.generate(PROMPT, **kw)
+
+
+def test_bad_prompts():
+    eng = Engine(CycleRunner(), CharTokenizer())
+    with pytest.raises(ValueError, match="empty"):
+        eng.generate([])
+    with pytest.raises(ValueError, match="out of range"):
+        eng.generate([3, 99])
