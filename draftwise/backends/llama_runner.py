@@ -7,6 +7,12 @@ the lengths kept here, and rollback is `llama_memory_seq_rm(seq, n, -1)`, so a s
 always positions 0..length-1. A multi-sequence forward is one llama_batch and one llama_decode
 (more only past n_batch tokens): the weights are read once for all sequences, which is what makes
 batching pay on a CPU.
+
+Numerics (measured on smollm2-135m, CPU): with flash attention (llama.cpp's default, auto = on for
+the CPU) a token's logits are bit-identical however its sequence was split into forwards of up to
+~48 tokens, so greedy speculative output equals plain decoding; larger batches (a long prefill) take
+another kernel path and differ in the low bits. With flash attention off, one-token forwards drift
+from batched ones after a few tokens, enough to flip greedy choices.
 """
 from __future__ import annotations
 
@@ -37,6 +43,14 @@ def _init_backend() -> None:
     _BACKEND_READY = True
 
 
+def _cpu_has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " amx_tile" in f.read()
+    except OSError:
+        return False
+
+
 def physical_cores() -> int:
     try:
         import psutil
@@ -51,18 +65,22 @@ class LlamaRunner:
     backend = "llama.cpp"
 
     def __init__(self, model_path: str, n_ctx: int | None = None, n_batch: int = 512, n_seq_max: int = 4,
-                 n_threads: int | None = None, n_threads_batch: int | None = None):
+                 n_threads: int | None = None, n_threads_batch: int | None = None,
+                 extra_bufts: bool | None = None):
         if n_seq_max < 1 or n_batch < 1:
             raise ValueError(f"n_seq_max ({n_seq_max}) and n_batch ({n_batch}) must be >= 1")
-        _init_backend()
+        self._model = self._ctx = self._batch = None
         self.model_path = str(model_path)
-        self._model = self._ctx = None
-        self._batch = None
+        if not os.path.isfile(self.model_path):
+            raise FileNotFoundError(f"GGUF file {self.model_path} does not exist")
+        _init_backend()
         mp = _ll.llama_model_default_params()
-        mp.use_extra_bufts = False
+        # Extra buffer types (AMX, repacked weights) are skipped on AMX CPUs: this build's AMX matmul
+        # segfaults on any multi-token batch there (seen in a Firecracker VM advertising amx_tile).
+        mp.use_extra_bufts = (not _cpu_has_amx()) if extra_bufts is None else extra_bufts
         self._model = _ll.llama_model_load_from_file(self.model_path.encode(), mp)
         if not self._model:
-            raise ValueError(f"llama.cpp could not load {self.model_path} (not a GGUF file this build reads?)")
+            raise ValueError(f"llama.cpp could not load {self.model_path}: not a GGUF model it can read")
         self._vocab = _ll.llama_model_get_vocab(self._model)
         self.vocab_size = int(_ll.llama_vocab_n_tokens(self._vocab))
         train_ctx = int(_ll.llama_model_n_ctx_train(self._model)) or 4096
@@ -72,6 +90,7 @@ class LlamaRunner:
         cp = _ll.llama_context_default_params()
         cp.n_ctx = n_ctx * n_seq_max  # llama.cpp splits n_ctx evenly over the sequence streams
         cp.n_seq_max = n_seq_max
+        cp.flash_attn_type = 0
         cp.kv_unified = False  # per-sequence streams: each one attends over its own cells only
         cp.n_batch = cp.n_ubatch = n_batch  # one logical batch = one physical batch; bigger ones split here
         cp.n_threads, cp.n_threads_batch = threads, n_threads_batch or threads

@@ -1,0 +1,106 @@
+"""Issue-2 benchmark: draftwise vs transformers on the torch backend, side by side in one run.
+
+Qwen2.5-Coder-1.5B target (fp32, CPU), greedy, 128 new tokens. Per prompt, in interleaved order:
+transformers generate() plain, draftwise plain, draftwise speculative, transformers speculative
+(prompt lookup on EditEval, assistant model on HumanEval). Results go to a JSONL file one run at
+a time, so an interrupted run resumes where it stopped.
+
+    .venv/bin/python benchmarks/core_torch.py --out results/core_torch.jsonl
+    .venv/bin/python benchmarks/core_torch.py --out results/core_torch.jsonl --report docs/results_core_torch.md
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from draftwise.compare import divergence_report
+from draftwise.drafters.model import ModelDrafter
+from draftwise.drafters.ngram import NgramDrafter
+from draftwise.engine import Engine
+from draftwise.models.load import load_torch
+from draftwise.prompts import edit_eval, humaneval
+from draftwise.stats import SpecStats
+
+
+def hf_generate(model, tok, ids, max_new, **kw) -> tuple[list[int], float]:
+    x = torch.tensor([ids])
+    t = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
+                             eos_token_id=sorted(tok.eos_token_ids), pad_token_id=sorted(tok.eos_token_ids)[0], **kw)
+    return out[0, len(ids):].tolist(), time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="results/core_torch.jsonl")
+    ap.add_argument("--n", type=int, default=10)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--ngram-d", type=int, default=10)
+    ap.add_argument("--model-d", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--workloads", default="editeval,humaneval")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = {(r["prompt_id"], r["config"]) for r in map(json.loads, out.open())} if out.exists() else set()
+
+    target, tok = load_torch("qwen2.5-coder-1.5b", threads=args.threads)
+    draft, _ = load_torch("qwen2.5-coder-0.5b", threads=args.threads)
+    hf_t, hf_d = target.model, draft.model
+    hf_d.generation_config.num_assistant_tokens = args.model_d
+    plain = Engine(target, tok)
+    ngram = Engine(target, tok, NgramDrafter(2, 4), args.ngram_d)
+    model = Engine(target, tok, ModelDrafter(draft), args.model_d)
+    meta = {"torch": torch.__version__, "threads": args.threads, "machine": platform.machine(),
+            "max_tokens": args.max_tokens}
+    plan = []
+    if "editeval" in args.workloads:
+        plan += [(p, [("hf_plain", None), ("dw_plain", plain), (f"dw_ngram_d{args.ngram_d}", ngram),
+                      ("hf_prompt_lookup_10", {"prompt_lookup_num_tokens": 10})]) for p in edit_eval(args.n)]
+    if "humaneval" in args.workloads:
+        plan += [(p, [("hf_plain", None), ("dw_plain", plain), (f"dw_model_d{args.model_d}", model),
+                      ("hf_assistant", {"assistant_model": hf_d})]) for p in humaneval(args.n)]
+    # warm-up: one short run of each path
+    ids0 = plan[0][0].token_ids(tok)
+    hf_generate(hf_t, tok, ids0, 4)
+    plain.generate(ids0, max_tokens=4)
+    for prompt, configs in plan:
+        ids = prompt.token_ids(tok)
+        plain_ids = None
+        for name, how in configs:
+            if (prompt.id, name) in done:
+                continue
+            row = {"prompt_id": prompt.id, "category": prompt.category, "config": name,
+                   "prompt_tokens": len(ids), **meta}
+            if isinstance(how, Engine):
+                r = how.generate(ids, max_tokens=args.max_tokens)
+                row.update(tokens=r.token_ids, seconds=r.stats.wall_s, stats=r.stats.to_dict())
+            else:
+                toks, secs = hf_generate(hf_t, tok, ids, args.max_tokens, **(how or {}))
+                row.update(tokens=toks, seconds=secs)
+            with out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(f"{prompt.id:14} {name:22} {len(row['tokens']):4d} tok {len(row['tokens']) / row['seconds']:6.2f} tok/s", flush=True)
+    # divergences against draftwise plain, with margins, appended once
+    rows = [json.loads(line) for line in out.open()]
+    base = {r["prompt_id"]: r["tokens"] for r in rows if r["config"] == "dw_plain"}
+    prompts = {p.id: p for p, _ in plan}
+    with out.open("a") as f:
+        for r in rows:
+            if r["config"].startswith("divergence") or r["config"] == "dw_plain" or r["prompt_id"] not in base:
+                continue
+            if any(x["config"] == f"divergence:{r['config']}" and x["prompt_id"] == r["prompt_id"] for x in rows):
+                continue
+            div = divergence_report(target, prompts[r["prompt_id"]].token_ids(tok), base[r["prompt_id"]], r["tokens"])
+            f.write(json.dumps({"prompt_id": r["prompt_id"], "config": f"divergence:{r['config']}",
+                                "divergence": div.to_dict() if div else None}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
