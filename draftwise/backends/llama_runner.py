@@ -90,7 +90,6 @@ class LlamaRunner:
         cp = _ll.llama_context_default_params()
         cp.n_ctx = n_ctx * n_seq_max  # llama.cpp splits n_ctx evenly over the sequence streams
         cp.n_seq_max = n_seq_max
-        cp.flash_attn_type = 0
         cp.kv_unified = False  # per-sequence streams: each one attends over its own cells only
         cp.n_batch = cp.n_ubatch = n_batch  # one logical batch = one physical batch; bigger ones split here
         cp.n_threads, cp.n_threads_batch = threads, n_threads_batch or threads
