@@ -39,23 +39,27 @@ def main(path: str) -> None:
     for r in runs:
         by[r["category"]][r["config"]][r["prompt_id"]] = r
     meta = runs[0]
-    print(f"Machine: {meta['machine']}, torch {meta['torch']}, {meta['threads']} threads, greedy, "
-          f"max {meta['max_tokens']} new tokens, Qwen2.5-Coder-1.5B Q4_K_M dequantised to fp32.\n")
+    backend = meta.get("backend", "torch")
+    detail = ("dequantised to fp32, torch " + meta["torch"]) if backend == "torch" else \
+        f"on llama.cpp (llama-cpp-python {meta.get('llama_cpp_python')})"
+    print(f"Machine: {meta['machine']}, {meta['threads']} threads, greedy, max {meta['max_tokens']} new tokens, "
+          f"Qwen2.5-Coder-1.5B Q4_K_M {detail}.\n")
     for cat, cfgs in by.items():
         base = cfgs["dw_plain"]
+        ext = next(n for n in cfgs if n.endswith("_plain") and n != "dw_plain")
         print(f"### {cat} ({len(base)} prompts)\n")
-        print("| configuration | tokens/s | ms/token | vs draftwise plain (95% CI) | vs transformers plain | "
+        print(f"| configuration | tokens/s | ms/token | vs draftwise plain (95% CI) | vs {ext} (95% CI) | "
               "acceptance rate | AL | outputs = draftwise plain |")
         print("|---|---|---|---|---|---|---|---|")
         for name, cfg in cfgs.items():
             ms = ms_per_token(list(cfg.values()))
             sp, lo, hi = speedup_ci(base, cfg)
-            hf, _, _ = speedup_ci(cfgs["hf_plain"], cfg)
+            hf, hlo, hhi = speedup_ci(cfgs[ext], cfg)
             st = aggregate([SpecStats(**{k: v for k, v in r["stats"].items() if k in SpecStats.__slots__})
                             for r in cfg.values()]) if "stats" in next(iter(cfg.values())) else None
             same = sum(1 for p in cfg if divs.get((p, name)) is None)
             fmt = lambda v, f: "-" if v is None else f.format(v)  # noqa: E731
-            print(f"| {name} | {1000 / ms:.2f} | {ms:.0f} | {sp:.2f}× [{lo:.2f}, {hi:.2f}] | {hf:.2f}× | "
+            print(f"| {name} | {1000 / ms:.2f} | {ms:.0f} | {sp:.2f}× [{lo:.2f}, {hi:.2f}] | {hf:.2f}× [{hlo:.2f}, {hhi:.2f}] | "
                   f"{fmt(st and st.acceptance_rate, '{:.3f}')} | {fmt(st and st.acceptance_length, '{:.2f}')} | "
                   f"{same}/{len(cfg)} |")
         print()

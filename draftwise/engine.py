@@ -42,6 +42,8 @@ class GenerationResult:
     stats: SpecStats
     ttft_s: float
     chunk_times_s: list[float] = field(default_factory=list)
+    # per verification round: (output position of its first draft token, proposed, accepted)
+    rounds: list[tuple[int, int, int]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"text": self.text, "token_ids": self.token_ids, "prompt_tokens": self.prompt_tokens,
@@ -49,13 +51,18 @@ class GenerationResult:
 
 
 class Engine:
+    """`sampler` is the acceptance rule at temperature > 0 (swappable only so that `draftwise
+    verify` can show it catches a wrong one). With `reuse_prefix`, requests run one at a time keep
+    the last prompt's KV state (target and drafter) for the next request with the same prompt."""
+
     def __init__(self, target: ModelRunner, tokenizer: Tokenizer, drafter: Drafter | None = None,
-                 num_draft_tokens: int = 4):
+                 num_draft_tokens: int = 4, sampler=rejection_sample, reuse_prefix: bool = False):
         if num_draft_tokens < 0:
             raise ValueError(f"num_draft_tokens must be >= 0, got {num_draft_tokens}")
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
-        self.num_draft_tokens = num_draft_tokens
+        self.num_draft_tokens, self.sampler, self.reuse_prefix = num_draft_tokens, sampler, reuse_prefix
         self._keys = itertools.count()
+        self._prefix: tuple[list[int], int, int, torch.Tensor] | None = None  # ids, seq, key, logits
 
     def generate(self, prompt: str | list[int], **kwargs) -> GenerationResult:
         """Run a request to its end; kwargs as for stream()."""
@@ -98,12 +105,13 @@ class Engine:
         stats = SpecStats()
         gen = None if params.greedy else params.generator()
         out = OutputTracker(self.tokenizer, max_tokens, stop)
-        seq, key = self.target.new_sequence(), next(self._keys)
         t0 = time.perf_counter()
+        seq, key, logits = self._open(prompt_ids)  # logits: [1, V] at the prompt's last token
+        prompt_logits = logits.clone() if self.reuse_prefix else None
         times: list[float] = []
-        ttft = 0.0
+        rounds: list[tuple[int, int, int]] = []
+        ttft, done = 0.0, False
         try:
-            logits = self.target.forward([seq], [prompt_ids], [1])[0]  # [1, V]
             first = self._plain_token(logits, params, gen)
             stats.plain_steps += 1
             stats.prefill_s = time.perf_counter() - t0
@@ -128,6 +136,7 @@ class Engine:
                 # commit
                 if prop.tokens:
                     stats.record_round(len(prop.tokens), res.num_accepted)
+                    rounds.append((len(out.token_ids), len(prop.tokens), res.num_accepted))
                 else:
                     stats.plain_steps += 1
                 ctx += res.tokens
@@ -135,12 +144,35 @@ class Engine:
             stats.wall_s = time.perf_counter() - t0
             stats.other_s = stats.wall_s - stats.prefill_s - stats.draft_s - stats.verify_s
             chunk.result = GenerationResult(out.text, out.token_ids, len(prompt_ids), out.finish_reason,
-                                            stats, ttft, times)
+                                            stats, ttft, times, rounds)
+            done = True
         finally:  # also runs when the consumer stops early (a client disconnects)
-            self.target.free(seq)
-            if self.drafter is not None:
-                self.drafter.release(key)
+            self._close(seq, key, prompt_ids, prompt_logits if done else None)
         yield chunk
+
+    def _open(self, prompt_ids: list[int]) -> tuple[int, int, torch.Tensor]:
+        if self._prefix is not None:
+            ids, seq, key, logits = self._prefix
+            self._prefix = None
+            if ids == prompt_ids:  # the drafter rolls itself back to the prompt on its next propose
+                return seq, key, logits.clone()
+            self._close(seq, key, ids, None)
+        seq, key = self.target.new_sequence(), next(self._keys)
+        try:
+            return seq, key, self.target.forward([seq], [prompt_ids], [1])[0]  # [1, V]
+        except BaseException:
+            self.target.free(seq)
+            raise
+
+    def _close(self, seq: int, key: int, prompt_ids: list[int], keep_logits: torch.Tensor | None) -> None:
+        """Free the request's KV state, or keep it for the next request with this prompt."""
+        if keep_logits is not None:
+            self.target.truncate(seq, len(prompt_ids))
+            self._prefix = (list(prompt_ids), seq, key, keep_logits)
+            return
+        self.target.free(seq)
+        if self.drafter is not None:
+            self.drafter.release(key)
 
     def _commit(self, out: OutputTracker, tokens: list[int], stats: SpecStats, t0: float,
                 times: list[float], from_round: bool | None) -> Chunk:
@@ -163,4 +195,4 @@ class Engine:
         if params.greedy:
             return greedy_verify(logits, draft)
         p = warp(logits, params)  # [d+1, V]
-        return rejection_sample(p, prop.draft_probs(p.shape[1]), draft, gen)
+        return self.sampler(p, prop.draft_probs(p.shape[1]), draft, gen)

@@ -96,3 +96,26 @@ def test_bad_prompts():
         eng.generate([])
     with pytest.raises(ValueError, match="out of range"):
         eng.generate([3, 99])
+
+
+def test_reuse_prefix_skips_the_prompt_forward_and_keeps_results():
+    fresh = [run(NgramDrafter(1, 3), 4, max_tokens=10, temperature=1.0, seed=s)[2].token_ids for s in (1, 2)]
+    runner = CycleRunner()
+    eng = Engine(runner, CharTokenizer(), NgramDrafter(1, 3), 4, reuse_prefix=True)
+    reused = []
+    for s in (1, 2):
+        n_before = len(runner.forwards)
+        reused.append(eng.generate(PROMPT, max_tokens=10, temperature=1.0, seed=s).token_ids)
+        (seq,) = runner.seqs
+        assert runner.seqs[seq] == PROMPT  # kept, rolled back to the prompt
+    assert reused == fresh
+    # the second request forwarded no prompt: every forward after the first request is a step
+    assert len(runner.forwards) - n_before <= 10
+    eng.generate([1, 2, 3], max_tokens=2)  # another prompt replaces the kept one
+    assert list(runner.seqs.values()) == [[1, 2, 3]]
+
+
+def test_round_trace_positions():
+    _, _, r = run(NgramDrafter(1, 3), 4, max_tokens=12)
+    assert r.rounds[0] == (1, 4, 4)  # after the prefill token, 4 proposed, 4 accepted
+    assert sum(a + 1 for _, _, a in r.rounds) + r.stats.plain_steps >= r.stats.emitted_tokens

@@ -1,0 +1,118 @@
+"""Forward-cost profile: wall time of one runner.forward of k new tokens, logits at all k.
+
+Verifying d draft tokens is one forward of k = d+1 tokens, so how that cost grows with k (and with
+the number of sequences b sharing the forward) sets what speculation can gain: if k tokens cost
+about as much as one, every accepted draft token is nearly free. Each measurement starts from the
+same state: b sequences prefilled with `context_len` tokens, and truncated back after each forward.
+Works with any ModelRunner (torch or llama.cpp).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from draftwise.backends.base import ModelRunner
+
+
+@dataclass(slots=True)
+class ProfileResult:
+    rows: list[dict]  # {"batch": b, "k": k, "ms_median": float, "ms_all": [float, ...]}
+    context_len: int
+    backend: str
+    repeats: int
+    warmup: int
+    meta: dict = field(default_factory=dict)
+
+    def ms(self, batch: int, k: int) -> float:
+        for r in self.rows:
+            if r["batch"] == batch and r["k"] == k:
+                return r["ms_median"]
+        raise KeyError(f"no measurement for batch={batch}, k={k}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json() + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> ProfileResult:
+        return cls(**json.loads(Path(path).read_text()))
+
+    def format_table(self) -> str:
+        """Per batch size: ms per forward, ms per new token (over all b*k), and the ratio to the
+        smallest k measured (k=1 when present)."""
+        k0 = min(r["k"] for r in self.rows)
+        lines = [f"forward of k new tokens at context {self.context_len} ({self.backend}, "
+                 f"median of {self.repeats})",
+                 f"{'batch':>5} {'k':>4} {'ms':>9} {'ms/token':>9} {f'x k={k0}':>8}"]
+        for b in sorted({r["batch"] for r in self.rows}):
+            rows = sorted((r for r in self.rows if r["batch"] == b), key=lambda r: r["k"])
+            base = rows[0]["ms_median"]
+            for r in rows:
+                per_tok = r["ms_median"] / (b * r["k"])
+                ratio = r["ms_median"] / base if base > 0 else float("nan")
+                lines.append(f"{b:>5} {r['k']:>4} {r['ms_median']:>9.2f} {per_tok:>9.3f} {ratio:>8.2f}")
+        return "\n".join(lines)
+
+
+def profile_runner(runner: ModelRunner, ks: Iterable[int] = range(1, 18),
+                   batch_sizes: Sequence[int] = (1, 2, 4), context_len: int = 256,
+                   repeats: int = 3, warmup: int = 1, tokens: Sequence[int] | None = None,
+                   seed: int = 0) -> ProfileResult:
+    """Median wall time of `runner.forward` over b sequences x k new tokens, logits at all k.
+
+    tokens: the context to prefill (its first context_len ids); random ids from `seed` if None.
+    The k new tokens are random ids too: forward cost does not depend on which tokens they are.
+    """
+    ks = sorted(set(int(k) for k in ks))
+    batch_sizes = sorted(set(int(b) for b in batch_sizes))
+    if not ks or ks[0] < 1 or not batch_sizes or batch_sizes[0] < 1:
+        raise ValueError(f"ks and batch_sizes need values >= 1, got {ks} and {batch_sizes}")
+    if repeats < 1 or warmup < 0 or context_len < 1:
+        raise ValueError(f"need repeats >= 1, warmup >= 0, context_len >= 1; got {repeats}, {warmup}, {context_len}")
+    if context_len + ks[-1] > runner.max_context:
+        raise ValueError(f"context_len {context_len} + k {ks[-1]} exceeds the runner's context of "
+                         f"{runner.max_context} tokens")
+    rng = np.random.default_rng(seed)
+    if tokens is None:
+        ctx = rng.integers(0, runner.vocab_size, context_len).tolist()
+    else:
+        ctx = [int(t) for t in tokens[:context_len]]
+        if len(ctx) < context_len:
+            raise ValueError(f"{len(tokens)} tokens given for a context of {context_len}")
+    new = rng.integers(0, runner.vocab_size, (batch_sizes[-1], ks[-1])).tolist()  # [b_max, k_max]
+
+    rows = []
+    for b in batch_sizes:
+        seqs: list[int] = []
+        try:
+            for _ in range(b):
+                seqs.append(runner.new_sequence())
+                runner.forward([seqs[-1]], [ctx], [0])
+            for k in ks:
+                feed = [new[i][:k] for i in range(b)]
+                times = []
+                for rep in range(warmup + repeats):
+                    t0 = time.perf_counter()
+                    runner.forward(seqs, feed, [k] * b)
+                    dt = (time.perf_counter() - t0) * 1e3
+                    for s in seqs:
+                        runner.truncate(s, context_len)
+                    if rep >= warmup:
+                        times.append(dt)
+                rows.append({"batch": b, "k": k, "ms_median": statistics.median(times), "ms_all": times})
+        finally:
+            for s in seqs:
+                runner.free(s)
+    meta = {k: getattr(runner, k) for k in ("n_threads", "model_path") if hasattr(runner, k)}
+    return ProfileResult(rows, context_len, runner.backend, repeats, warmup, meta)
