@@ -104,6 +104,33 @@ def cmd_profile(a) -> int:
     return 0
 
 
+def cmd_verify(a) -> int:
+    from draftwise.build import build_engine
+    from draftwise.engine import Engine
+    from draftwise.losscheck import BUGS, check_greedy, check_sampling
+    from draftwise.prompts import load_workload
+
+    if a.drafter == "none":
+        raise ValueError("verify compares a drafter with plain decoding: choose --drafter model or ngram")
+    spec, runner, tok = build_engine(_spec(a))
+    sampler = {"sampler": BUGS[a.inject_bug]} if a.inject_bug else {}
+    spec = Engine(runner, tok, spec.drafter, a.num_draft_tokens, reuse_prefix=True, **sampler)
+    plain = Engine(runner, tok, reuse_prefix=True)
+    prompts = [p.token_ids(tok) for p in load_workload(a.workload, a.prompts)][: a.prompts]
+    if a.temperature == 0:
+        rep = check_greedy(plain, spec, prompts, a.max_tokens)
+    else:
+        rep = check_sampling(plain, spec, prompts, a.temperature, a.top_p, a.top_k, a.samples, a.positions,
+                             a.min_tv, a.alpha, a.power,
+                             progress=lambda i: print(f"prompt {i + 1}/{len(prompts)} sampled", file=sys.stderr))
+    print(rep.summary())
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rep.to_dict() if hasattr(rep, "to_dict") else {"verdict": rep.verdict,
+                                                                     "divergences": rep.divergences}, f, indent=1)
+    return 0 if rep.verdict == "PASS" else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="draftwise", description="Exact, measured speculative decoding")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -126,6 +153,25 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("action", choices=("list", "install"))
     m.add_argument("names", nargs="*")
     m.set_defaults(fn=cmd_models)
+
+    v = sub.add_parser("verify", help="check that speculation is lossless against plain decoding")
+    _engine_args(v)
+    v.add_argument("--workload", default="editeval", help="editeval | humaneval | prose | a Spec-Bench "
+                   "category | a .jsonl file")
+    v.add_argument("--prompts", type=int, default=2)
+    v.add_argument("--max-tokens", type=int, default=64, help="greedy: tokens compared per prompt")
+    v.add_argument("--temperature", type=float, default=0.7)
+    v.add_argument("--top-p", type=float, default=1.0)
+    v.add_argument("--top-k", type=int, default=0)
+    v.add_argument("--positions", type=int, default=3, help="sampling: leading output positions tested")
+    v.add_argument("--samples", type=int, default=None, help="per side (default: from the power calculation)")
+    v.add_argument("--min-tv", type=float, default=0.1, help="smallest total-variation bias to detect")
+    v.add_argument("--alpha", type=float, default=0.05)
+    v.add_argument("--power", type=float, default=0.8)
+    v.add_argument("--inject-bug", choices=("resample-from-p",), default=None,
+                   help="use a known-wrong acceptance rule, to see the check fail")
+    v.add_argument("--json", default=None, help="also write the report to this file")
+    v.set_defaults(fn=cmd_verify)
 
     p = sub.add_parser("profile", help="time one forward over k new tokens (logits at all k), per k and batch")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")

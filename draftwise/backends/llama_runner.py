@@ -52,13 +52,15 @@ def _cpu_has_amx() -> bool:
 
 
 def physical_cores() -> int:
+    """Physical cores this process may run on: llama.cpp gains nothing from SMT siblings."""
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     try:
         import psutil
 
-        n = psutil.cpu_count(logical=False)
+        physical = psutil.cpu_count(logical=False) or allowed
     except ImportError:
-        n = None
-    return max(1, n or os.cpu_count() or 1)
+        physical = allowed
+    return max(1, min(physical, allowed))
 
 
 class LlamaRunner:
