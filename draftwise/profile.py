@@ -79,7 +79,8 @@ def profile_runner(runner: ModelRunner, ks: Iterable[int] = range(1, 18),
     if not ks or ks[0] < 1 or not batch_sizes or batch_sizes[0] < 1:
         raise ValueError(f"ks and batch_sizes need values >= 1, got {ks} and {batch_sizes}")
     if repeats < 1 or warmup < 0 or context_len < 1:
-        raise ValueError(f"need repeats >= 1, warmup >= 0, context_len >= 1; got {repeats}, {warmup}, {context_len}")
+        raise ValueError(f"need repeats >= 1, warmup >= 0 and context_len >= 1; "
+                         f"got {repeats}, {warmup} and {context_len}")
     if context_len + ks[-1] > runner.max_context:
         raise ValueError(f"context_len {context_len} + k {ks[-1]} exceeds the runner's context of "
                          f"{runner.max_context} tokens")

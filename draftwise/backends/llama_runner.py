@@ -5,8 +5,10 @@ KV stream (`kv_unified=False`), so `n_ctx` here is per sequence and the context 
 n_ctx * n_seq_max cells; `max_context` is what llama.cpp reports per sequence. Positions come from
 the lengths kept here, and rollback is `llama_memory_seq_rm(seq, n, -1)`, so a sequence's cells are
 always positions 0..length-1. A multi-sequence forward is one llama_batch and one llama_decode
-(more only past n_batch tokens): the weights are read once for all sequences, which is what makes
-batching pay on a CPU.
+(more only past n_batch tokens), so the weights are read once for all sequences. With separate
+streams llama.cpp splits a batch into ubatches holding equally many tokens of each sequence: equal
+k per sequence is one ubatch, ragged k is several (kv_unified=True would take one ubatch, but every
+sequence would then attend over all sequences' cells).
 
 Numerics (measured on smollm2-135m, CPU): with flash attention (llama.cpp's default, auto = on for
 the CPU) a token's logits are bit-identical however its sequence was split into forwards of up to
