@@ -28,6 +28,7 @@ class EngineSpec:
     max_context: int | None = None
     ngram_min: int = 2
     ngram_max: int = 4
+    n_batch: int | None = None  # llama.cpp only
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -52,12 +53,18 @@ def check_vocabularies(target_tok, draft_tok, target_name: str, draft_name: str)
 def build_engine(spec: EngineSpec, target=None):
     """Engine for the spec; pass an already loaded (runner, tokenizer) as target to reuse it.
     Returns (engine, target_runner, tokenizer)."""
-    runner, tok = target or load_runner(spec.target, spec.backend, spec.threads, spec.max_context)
+    runner, tok = target or load_runner(spec.target, spec.backend, spec.threads, spec.max_context,
+                                        **_backend_kw(spec.backend, spec))
     drafter = None
     if spec.drafter == "ngram":
         drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
     elif spec.drafter == "model":
-        d_runner, d_tok = load_runner(spec.draft_model, spec.draft_backend, spec.threads, spec.max_context)
+        d_runner, d_tok = load_runner(spec.draft_model, spec.draft_backend, spec.threads, spec.max_context,
+                                      **_backend_kw(spec.draft_backend, spec))
         check_vocabularies(tok, d_tok, spec.target, spec.draft_model)
         drafter = ModelDrafter(d_runner)
     return Engine(runner, tok, drafter, spec.num_draft_tokens), runner, tok
+
+
+def _backend_kw(backend: str, spec: EngineSpec) -> dict:
+    return {"n_batch": spec.n_batch} if backend == "llama.cpp" and spec.n_batch else {}

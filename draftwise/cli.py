@@ -22,7 +22,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="default: llama.cpp for GGUF models without a GPU (if installed), else torch")
     p.add_argument("--draft-backend", choices=("torch", "llama.cpp"), default=None)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--max-context", type=int, default=None)
+    p.add_argument("--max-context", type=int, default=None, help="tokens per sequence")
+    p.add_argument("--n-batch", type=int, default=None, help="llama.cpp: tokens per decode call (default 512)")
     p.add_argument("--ngram-min", type=int, default=2)
     p.add_argument("--ngram-max", type=int, default=4)
 
@@ -31,7 +32,7 @@ def _spec(a):
     from draftwise.build import EngineSpec
 
     return EngineSpec(a.target, a.drafter, a.draft_model, a.num_draft_tokens, a.backend, a.draft_backend,
-                      a.threads, a.max_context, a.ngram_min, a.ngram_max)
+                      a.threads, a.max_context, a.ngram_min, a.ngram_max, a.n_batch)
 
 
 def cmd_generate(a) -> int:
