@@ -49,12 +49,14 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ngram", default="2,4", help="min_n,max_n")
+    ap.add_argument("--fast-kernels", action="store_true", help="draftwise runners with repacked kernels "
+                    "(what llama_cpp.Llama uses by default)")
     args = ap.parse_args()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = {(r["prompt_id"], r["config"]) for r in map(json.loads, out.open())} if out.exists() else set()
     target_path = resolve("qwen2.5-coder-1.5b").path
-    target, tok = load_runner("qwen2.5-coder-1.5b", "llama.cpp", args.threads)
+    target, tok = load_runner("qwen2.5-coder-1.5b", "llama.cpp", args.threads, fast_kernels=args.fast_kernels)
     configs = args.configs.split(",")
     engines: dict[str, object] = {}
     min_n, max_n = map(int, args.ngram.split(","))
@@ -65,7 +67,7 @@ def main() -> None:
         elif kind == "dw_ngram":
             engines[c] = Engine(target, tok, NgramDrafter(min_n, max_n), int(d))
         elif kind == "dw_model":
-            draft, _ = load_runner("qwen2.5-coder-0.5b", "llama.cpp", args.threads)
+            draft, _ = load_runner("qwen2.5-coder-0.5b", "llama.cpp", args.threads, fast_kernels=args.fast_kernels)
             engines[c] = Engine(target, tok, ModelDrafter(draft), int(d))
         elif kind == "llama_plain":
             engines[c] = llama_cpp.Llama(target_path, n_ctx=4096, n_threads=args.threads, verbose=False)
@@ -81,7 +83,7 @@ def main() -> None:
     if "prose" in args.workloads:
         prose = spec_bench(("writing",), 4) + spec_bench(("roleplay",), 3) + spec_bench(("humanities",), 3)
         prompts += prose[: args.n]
-    meta = {"backend": "llama.cpp", "llama_cpp_python": llama_cpp.__version__, "threads": args.threads,
+    meta = {"backend": "llama.cpp", "fast_kernels": args.fast_kernels, "llama_cpp_python": llama_cpp.__version__, "threads": args.threads,
             "machine": platform.machine(), "max_tokens": args.max_tokens, "torch": "-"}
     warm = prompts[0].token_ids(tok)
     for eng in engines.values():  # warm-up

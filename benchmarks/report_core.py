@@ -57,11 +57,12 @@ def main(path: str) -> None:
             hf, hlo, hhi = speedup_ci(cfgs[ext], cfg)
             st = aggregate([SpecStats(**{k: v for k, v in r["stats"].items() if k in SpecStats.__slots__})
                             for r in cfg.values()]) if "stats" in next(iter(cfg.values())) else None
-            same = sum(1 for p in cfg if divs.get((p, name)) is None)
+            checked = [p for p in cfg if (p, name) in divs or name == "dw_plain"]
+            same = sum(1 for p in checked if divs.get((p, name)) is None)
             fmt = lambda v, f: "-" if v is None else f.format(v)  # noqa: E731
             print(f"| {name} | {1000 / ms:.2f} | {ms:.0f} | {sp:.2f}× [{lo:.2f}, {hi:.2f}] | {hf:.2f}× [{hlo:.2f}, {hhi:.2f}] | "
                   f"{fmt(st and st.acceptance_rate, '{:.3f}')} | {fmt(st and st.acceptance_length, '{:.2f}')} | "
-                  f"{same}/{len(cfg)} |")
+                  f"{same}/{len(checked)}" + ("" if len(checked) == len(cfg) else f" ({len(cfg) - len(checked)} unchecked)") + " |")
         print()
         for name, cfg in cfgs.items():
             if "stats" not in next(iter(cfg.values())) or name == "dw_plain":

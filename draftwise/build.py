@@ -29,6 +29,7 @@ class EngineSpec:
     ngram_min: int = 2
     ngram_max: int = 4
     n_batch: int | None = None  # llama.cpp only
+    fast_kernels: bool = False  # llama.cpp only: faster, not batch-invariant
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -67,4 +68,6 @@ def build_engine(spec: EngineSpec, target=None):
 
 
 def _backend_kw(backend: str, spec: EngineSpec) -> dict:
-    return {"n_batch": spec.n_batch} if backend == "llama.cpp" and spec.n_batch else {}
+    if backend != "llama.cpp":
+        return {}
+    return {"fast_kernels": spec.fast_kernels, **({"n_batch": spec.n_batch} if spec.n_batch else {})}

@@ -24,6 +24,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--max-context", type=int, default=None, help="tokens per sequence")
     p.add_argument("--n-batch", type=int, default=None, help="llama.cpp: tokens per decode call (default 512)")
+    p.add_argument("--fast-kernels", action="store_true", help="llama.cpp: repacked-weight kernels, ~1.4x "
+                   "faster here but not batch-invariant: greedy output may differ from plain at near-ties")
     p.add_argument("--ngram-min", type=int, default=2)
     p.add_argument("--ngram-max", type=int, default=4)
 
@@ -32,7 +34,8 @@ def _spec(a):
     from draftwise.build import EngineSpec
 
     return EngineSpec(a.target, a.drafter, a.draft_model, a.num_draft_tokens, a.backend, a.draft_backend,
-                      a.threads, a.max_context, a.ngram_min, a.ngram_max, a.n_batch)
+                      a.threads, a.max_context, a.ngram_min, a.ngram_max, a.n_batch,
+                      a.fast_kernels)
 
 
 def cmd_generate(a) -> int:

@@ -75,7 +75,7 @@ class LlamaRunner:
 
     def __init__(self, model_path: str, n_ctx: int | None = None, n_batch: int = 512, n_seq_max: int = 4,
                  n_threads: int | None = None, n_threads_batch: int | None = None,
-                 extra_bufts: bool | None = None):
+                 extra_bufts: bool | None = None, flash_attn: bool | None = None):
         if n_seq_max < 1 or n_batch < 1:
             raise ValueError(f"n_seq_max ({n_seq_max}) and n_batch ({n_batch}) must be >= 1")
         self._model = self._ctx = self._batch = None
@@ -84,9 +84,12 @@ class LlamaRunner:
             raise FileNotFoundError(f"GGUF file {self.model_path} does not exist")
         _init_backend()
         mp = _ll.llama_model_default_params()
-        # Extra buffer types (AMX, repacked weights: ~1.4x faster decoding here) stay on unless the
-        # AMX kernels would crash; then both go, as llama.cpp cannot drop AMX alone at run time.
-        mp.use_extra_bufts = (not _amx_would_crash()) if extra_bufts is None else extra_bufts
+        # Extra buffer types (repacked weights, AMX) are off by default: their multi-token kernels
+        # round differently from the one-token ones, so greedy speculative output diverged from plain
+        # decoding at near-ties (logit margins 0.01-0.28 on Qwen2.5-1.5B Q4_K_M, docs/results.md);
+        # without them a token's logits do not depend on how its sequence was split. They decode
+        # ~1.4x faster here: extra_bufts=True trades exactness for that (never where AMX crashes).
+        mp.use_extra_bufts = bool(extra_bufts) and not _amx_would_crash()
         self._model = _ll.llama_model_load_from_file(self.model_path.encode(), mp)
         if not self._model:
             raise ValueError(f"llama.cpp could not load {self.model_path}: not a GGUF model it can read")
@@ -102,6 +105,8 @@ class LlamaRunner:
         cp.kv_unified = False  # per-sequence streams: each one attends over its own cells only
         cp.n_batch = cp.n_ubatch = n_batch  # one logical batch = one physical batch; bigger ones split here
         cp.n_threads, cp.n_threads_batch = threads, n_threads_batch or threads
+        if flash_attn is not None:  # None: llama.cpp's auto (on for the CPU), see the docstring
+            cp.flash_attn_type = 1 if flash_attn else 0
         self._ctx = _ll.llama_init_from_model(self._model, cp)
         if not self._ctx:
             self.close()
@@ -275,8 +280,9 @@ class LlamaRunner:
 
 
 def load_llama(spec: str, threads: int | None = None, n_ctx: int | None = None, n_batch: int | None = None,
-               n_seq_max: int | None = None, device: str | None = None):
-    """(LlamaRunner, Tokenizer) for a GGUF model spec (packaged name or .gguf path)."""
+               n_seq_max: int | None = None, device: str | None = None, fast_kernels: bool = False):
+    """(LlamaRunner, Tokenizer) for a GGUF model spec (packaged name or .gguf path).
+    fast_kernels: llama.cpp's repacked-weight kernels, faster but not batch-invariant (see above)."""
     from draftwise.models.load import load_tokenizer
     from draftwise.models.registry import resolve
 
@@ -287,5 +293,5 @@ def load_llama(spec: str, threads: int | None = None, n_ctx: int | None = None, 
         raise ValueError(f"the llama.cpp backend needs a GGUF model, but {spec!r} is a {src.kind} "
                          f"({src.path}); pass a .gguf file or a packaged name, or use the torch backend")
     runner = LlamaRunner(src.path, n_ctx=n_ctx, n_batch=n_batch or 512, n_seq_max=n_seq_max or 4,
-                         n_threads=threads)
+                         n_threads=threads, extra_bufts=fast_kernels)
     return runner, load_tokenizer(src)

@@ -1,0 +1,75 @@
+"""The output check: at temperature 0 every output must equal the baseline's, token for token.
+
+Each request is compared with the baseline's output for the same prompt in the same repeat and
+concurrency (else the baseline's first); the baseline's own repeats are compared with its first,
+so a nondeterministic baseline shows up too. Servers return text only: their outputs are
+compared by text, and the position is then a character index.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from draftwise.compare import first_divergence
+
+
+@dataclass(slots=True)
+class Mismatch:
+    prompt_id: str
+    config: str
+    repeat: int
+    concurrency: int
+    unit: str  # "token" | "char": what position counts
+    position: int
+    baseline: int | str | None  # the baseline's token (or character) there; None past its end
+    other: int | str | None
+    key: str  # the request's results key
+    reference_key: str  # the baseline request it was compared with
+    margin_single: float | None = None  # target's top-1 minus top-2 logit there (see compare.py)
+    margin_batched: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _reference(requests: list[dict], baseline: str) -> tuple[dict, dict]:
+    same, first = {}, {}
+    for r in sorted(requests, key=lambda r: r.get("order", 0)):
+        if r["config"] != baseline:
+            continue
+        same.setdefault((r["prompt_id"], r["repeat"], r["concurrency"]), r)
+        first.setdefault(r["prompt_id"], r)
+    return same, first
+
+
+def compare_outputs(ref: dict, r: dict) -> tuple[str, int, object, object] | None:
+    """(unit, position, baseline item, other item) at the first difference, or None if equal."""
+    if ref.get("token_ids") is not None and r.get("token_ids") is not None:
+        a, b, unit = ref["token_ids"], r["token_ids"], "token"
+    else:
+        a, b, unit = ref.get("text") or "", r.get("text") or "", "char"
+    i = first_divergence(list(a), list(b))
+    if i is None:
+        return None
+    return unit, i, a[i] if i < len(a) else None, b[i] if i < len(b) else None
+
+
+def find_mismatches(requests: list[dict], baseline: str, divergences: dict[str, dict] | None = None
+                    ) -> tuple[list[Mismatch], int]:
+    """(mismatches, number of outputs checked). `divergences` adds margins by request key."""
+    same, first = _reference(requests, baseline)
+    out, checked = [], 0
+    for r in sorted(requests, key=lambda r: r.get("order", 0)):
+        key = (r["prompt_id"], r["repeat"], r["concurrency"])
+        ref = first.get(r["prompt_id"]) if r["config"] == baseline else same.get(key, first.get(r["prompt_id"]))
+        if ref is None or ref is r:
+            continue
+        checked += 1
+        diff = compare_outputs(ref, r)
+        if diff is None:
+            continue
+        m = Mismatch(r["prompt_id"], r["config"], r["repeat"], r["concurrency"], *diff, r["key"], ref["key"])
+        d = (divergences or {}).get(r["key"])
+        if d is not None:
+            m.margin_single, m.margin_batched = d.get("margin_single"), d.get("margin_batched")
+        out.append(m)
+    return out, checked

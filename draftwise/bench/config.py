@@ -1,0 +1,165 @@
+"""What a benchmark run measures: the fixed conditions, the configurations and the workload.
+
+Every configuration of a run shares the target, tokenizer, precision, sampling settings and
+output limit; only the drafter and draft length D (or, for servers, the endpoint) change.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from draftwise.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from draftwise.prompts import Prompt, load_workload, sample, spec_bench
+from draftwise.sampling import SamplingParams
+
+MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+SPEC_BENCH = MT_BENCH + ("translation", "summarization", "qa", "math_reasoning", "rag")
+_DRAFTERS = ("ngram", "model")
+_PLAN = ("configs", "workload", "n_per_category", "seed", "repeats", "warmup", "concurrency", "margins",
+         "out_dir", "metrics")
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """One configuration: `plain`, `ngram:D` or `model:D` in process, or a server's label."""
+    name: str
+    drafter: str  # "none" | "ngram" | "model" | "endpoint"
+    num_draft_tokens: int = 0  # D; 0 for plain decoding and servers
+
+    @staticmethod
+    def parse(text: str) -> list[RunConfig]:
+        """'plain' | 'ngram:4' | 'model:2,4,8' (a sweep over D: one configuration per D)."""
+        if text == "plain":
+            return [RunConfig("plain", "none")]
+        kind, _, ds = text.partition(":")
+        if kind not in _DRAFTERS or not ds:
+            raise ValueError(f"unknown configuration {text!r}: use plain, ngram:D, model:D "
+                             "or a sweep such as ngram:2,4,8")
+        try:
+            values = [int(d) for d in ds.split(",")]
+        except ValueError:
+            raise ValueError(f"configuration {text!r}: D must be integers") from None
+        if any(d < 1 for d in values):
+            raise ValueError(f"configuration {text!r}: D must be >= 1")
+        return [RunConfig(f"{kind}:{d}", kind, d) for d in values]
+
+
+def parse_configs(items: list[str] | tuple[str, ...]) -> list[RunConfig]:
+    out = [c for item in items for c in RunConfig.parse(item)]
+    names = [c.name for c in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"configurations repeat: {names}")
+    return out
+
+
+@dataclass(slots=True)
+class BenchConfig:
+    # fixed conditions
+    target: str = DEFAULT_TARGET
+    draft_model: str = DEFAULT_DRAFT
+    backend: str | None = None  # None: as build.EngineSpec (llama.cpp for GGUF on CPU, else torch)
+    threads: int | None = None
+    max_context: int | None = None
+    ngram_min: int = 2
+    ngram_max: int = 4
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    sample_seed: int | None = 0  # per request: sample_seed + 1000 * repeat + prompt index
+    # what is compared
+    configs: tuple[str, ...] = ("plain", "ngram:4", "model:4")
+    baseline: str = "plain"
+    # workload
+    workload: str = "editeval"
+    n_per_category: int | None = 5  # None: every prompt
+    seed: int = 0  # for drawing prompts
+    both_turns: bool = False
+    context_edges: tuple[int, ...] = (512,)  # prompt-token bucket edges: short < 512 <= long
+    # protocol
+    repeats: int = 1
+    warmup: int = 1  # unmeasured requests per configuration before the first measured one
+    concurrency: tuple[int, ...] = (1,)
+    margins: bool = True  # at temperature 0, the target's top-2 margin at each divergence
+    out_dir: str = "results/bench"
+    # servers: label -> base URL; then configs are those labels and baseline the first unless named
+    endpoints: dict[str, str] = field(default_factory=dict)
+    endpoint_model: str | None = None  # the request's "model" field; None: the server's first
+    endpoint_api: str = "tokens"  # tokens: /v1/completions with token ids | chat: messages
+    metrics: bool = True  # read Prometheus spec-decode counters around each request group
+
+    def __post_init__(self) -> None:
+        SamplingParams(self.temperature, self.top_p, self.top_k, self.sample_seed)
+        positive = {"max_tokens": self.max_tokens, "repeats": self.repeats}
+        for k, v in positive.items():
+            if v < 1:
+                raise ValueError(f"{k} must be >= 1, got {v}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.n_per_category is not None and self.n_per_category < 1:
+            raise ValueError(f"n_per_category must be >= 1, got {self.n_per_category}")
+        if not self.concurrency or any(c < 1 for c in self.concurrency):
+            raise ValueError(f"concurrency levels must be >= 1, got {self.concurrency}")
+        if list(self.context_edges) != sorted(set(self.context_edges)) or any(e < 1 for e in self.context_edges):
+            raise ValueError(f"context_edges must be increasing positive token counts, got {self.context_edges}")
+        if self.endpoint_api not in ("tokens", "chat"):
+            raise ValueError(f"endpoint_api must be 'tokens' or 'chat', got {self.endpoint_api!r}")
+        self.configs, self.concurrency = tuple(self.configs), tuple(self.concurrency)
+        self.context_edges = tuple(self.context_edges)
+        if self.endpoints:
+            self.configs = tuple(self.endpoints)
+            if self.baseline not in self.endpoints:
+                self.baseline = self.configs[0]
+        names = [c.name for c in self.run_configs()]
+        if self.baseline not in names:
+            raise ValueError(f"baseline {self.baseline!r} is not among the configurations {names}")
+
+    def run_configs(self) -> list[RunConfig]:
+        if self.endpoints:
+            return [RunConfig(name, "endpoint") for name in self.endpoints]
+        return parse_configs(self.configs)
+
+    def conditions(self) -> dict:
+        """What every configuration shares, stored with the results; a resumed run must match."""
+        d = asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items() if k not in _PLAN}
+
+    def plan(self) -> dict:
+        """What is run: may grow between sessions of one results directory (more repeats, more
+        configurations), since requests are keyed by repeat, prompt, configuration and concurrency."""
+        d = asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items() if k in _PLAN}
+
+    def bucket(self, prompt_tokens: int) -> str:
+        return context_bucket(prompt_tokens, self.context_edges)
+
+
+def context_bucket(n: int, edges: tuple[int, ...]) -> str:
+    """'<512', '512-2047', '>=2048' for edges (512, 2048)."""
+    lo = 0
+    for e in edges:
+        if n < e:
+            return f"<{e}" if lo == 0 else f"{lo}-{e - 1}"
+        lo = e
+    return f">={lo}" if edges else "all"
+
+
+def load_prompts(cfg: BenchConfig) -> list[Prompt]:
+    """The workload, then n prompts per category drawn with the seed.
+
+    Parts (comma-separated): editeval | humaneval | specbench (all 13 categories) | mtbench (its
+    first 8) | prose (writing, roleplay, humanities) | a Spec-Bench category | a .jsonl file.
+    """
+    out: list[Prompt] = []
+    for part in cfg.workload.split(","):
+        groups = {"specbench": SPEC_BENCH, "mtbench": MT_BENCH}
+        if part in groups or part == "prose" or part in SPEC_BENCH:
+            cats = groups.get(part, (part,))
+            out += spec_bench(cats, both_turns=cfg.both_turns)
+        else:
+            out += load_workload(part)
+    if not out:
+        raise ValueError(f"workload {cfg.workload!r} holds no prompts")
+    ids = [p.id for p in out]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"workload {cfg.workload!r} repeats prompt ids; results are keyed by id")
+    return sample(out, cfg.n_per_category, cfg.seed) if cfg.n_per_category else out

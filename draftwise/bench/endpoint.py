@@ -1,0 +1,211 @@
+"""Measuring an OpenAI-compatible server (vLLM, SGLang, TensorRT-LLM, llama-server, ...) with
+streaming requests, stdlib only.
+
+Timing is the client's: chunk arrival times of the SSE stream, as a user of the server sees them.
+Acceptance comes from the server's Prometheus counters, read before and after each group of
+requests and mapped to draftwise's words (see `server_stats`). The delta counts every request
+the server served meanwhile, so measure a server nobody else is using.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
+
+from draftwise.bench.measure import timing_fields
+from draftwise.prompts import Prompt
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+# vLLM's counter names (without the `_total` suffix prometheus_client adds) -> draftwise words
+VLLM = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens": "accepted",
+        "vllm:spec_decode_num_accepted_tokens_per_pos": "per_pos"}
+
+
+def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Samples of the Prometheus text format as (name, labels, value); comments skipped."""
+    out = []
+    for line in text.splitlines():
+        m = _SAMPLE.match(line.strip())
+        if not m or line.startswith("#"):
+            continue
+        labels = {k: _unescape(v) for k, v in _LABEL.findall(m.group(2) or "")}
+        out.append((m.group(1), labels, float(m.group(3))))
+    return out
+
+
+def _unescape(v: str) -> str:
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), v)
+
+
+def spec_counters(text: str) -> dict | None:
+    """vLLM spec-decode counters summed over their other labels (model, engine); None if absent.
+    Returns {"drafts", "draft_tokens", "accepted", "per_pos": {position: accepted}}."""
+    out: dict = {"per_pos": {}}
+    for name, labels, value in parse_prometheus(text):
+        if name.endswith("_created"):  # prometheus_client's creation timestamps, not counts
+            continue
+        word = VLLM.get(name.removesuffix("_total"))
+        if word == "per_pos":
+            pos = int(labels.get("position", 0))
+            out["per_pos"][pos] = out["per_pos"].get(pos, 0.0) + value
+        elif word:
+            out[word] = out.get(word, 0.0) + value
+    return out if "drafts" in out else None
+
+
+def server_stats(before: dict | None, after: dict | None, emitted_tokens: int) -> dict | None:
+    """SpecStats fields from two counter readings. A vLLM draft is one verification round of k
+    proposed tokens (k fixed by the server), so proposed_per_position[i] = drafts for i < k, and
+    each round emits its accepted tokens plus one recovered or bonus token."""
+    if before is None or after is None:
+        return None
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("drafts", "draft_tokens", "accepted")}
+    positions = sorted(set(before["per_pos"]) | set(after["per_pos"]))
+    per_pos = [int(after["per_pos"].get(p, 0) - before["per_pos"].get(p, 0)) for p in positions]
+    rounds = int(d["drafts"])
+    k = len(per_pos) or (round(d["draft_tokens"] / rounds) if rounds else 0)
+    return {"verification_rounds": rounds, "proposed_tokens": int(d["draft_tokens"]),
+            "accepted_draft_tokens": int(d["accepted"]), "round_emitted_tokens": int(d["accepted"]) + rounds,
+            "emitted_tokens": emitted_tokens, "proposed_per_position": [rounds] * k,
+            "accepted_per_position": per_pos or [0] * k, "requests": 0}
+
+
+def iter_sse(resp):
+    """`data:` payloads of a server-sent-event stream, one per event, until [DONE]."""
+    data: list[str] = []
+    for raw in resp:
+        line = raw.decode("utf-8").rstrip("\r\n")
+        if line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+        elif not line and data:
+            payload, data = "\n".join(data), []
+            if payload == "[DONE]":
+                return
+            yield payload
+    if data and data != ["[DONE]"]:
+        yield "\n".join(data)
+
+
+class EndpointTarget:
+    """One server, one configuration. Groups run truly concurrently, so rows are not sequential."""
+
+    sequential = False
+
+    def __init__(self, url: str, model: str | None = None, api: str = "tokens", metrics: bool = True,
+                 timeout_s: float = 600.0):
+        u = urlsplit(url.rstrip("/"))
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"endpoint {url!r} is not an http(s) URL")
+        self.url, self.api, self.metrics, self.timeout_s = url, api, metrics, timeout_s
+        self._https, self._host, self._port = u.scheme == "https", u.hostname, u.port
+        self._root = u.path.removesuffix("/v1")  # /metrics sits at the server root, beside /v1
+        self.model = model or self._first_model()
+
+    def _conn(self) -> http.client.HTTPConnection:
+        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        return cls(self._host, self._port, timeout=self.timeout_s)
+
+    def _get(self, path: str) -> tuple[int, str]:
+        conn = self._conn()
+        try:
+            conn.request("GET", self._root + path)
+            resp = conn.getresponse()
+            return resp.status, resp.read().decode("utf-8", "replace")
+        finally:
+            conn.close()
+
+    def _first_model(self) -> str:
+        try:
+            status, body = self._get("/v1/models")
+        except OSError as e:
+            raise ValueError(f"endpoint {self.url} is not reachable: {e}") from None
+        if status == 200:
+            data = json.loads(body).get("data") or []
+            if data:
+                return data[0]["id"]
+        return "default"
+
+    def counters(self) -> dict | None:
+        if not self.metrics:
+            return None
+        try:
+            status, body = self._get("/metrics")
+        except OSError:
+            return None
+        return spec_counters(body) if status == 200 else None
+
+    def body(self, prompt: Prompt, ids: list[int], kw: dict) -> tuple[str, dict]:
+        b = {"model": self.model, "max_tokens": kw["max_tokens"], "temperature": kw["temperature"],
+             "top_p": kw["top_p"], "stream": True, "stream_options": {"include_usage": True}}
+        if kw.get("top_k"):
+            b["top_k"] = kw["top_k"]  # an extension (vLLM, SGLang, llama-server), not OpenAI's
+        if kw.get("seed") is not None:
+            b["seed"] = kw["seed"]
+        if self.api == "chat" and prompt.messages is not None:
+            msgs = list(prompt.messages)
+            if prompt.assistant_prefix:  # vLLM's way to open the assistant turn
+                msgs.append({"role": "assistant", "content": prompt.assistant_prefix})
+                b.update(continue_final_message=True, add_generation_prompt=False)
+            return "/v1/chat/completions", {**b, "messages": msgs}
+        return "/v1/completions", {**b, "prompt": ids if self.api == "tokens" else prompt.text}
+
+    def run_one(self, prompt: Prompt, ids: list[int], kw: dict) -> dict:
+        path, body = self.body(prompt, ids, kw)
+        conn = self._conn()
+        t_chunks, parts, usage, finish = [], [], None, None
+        t0 = time.perf_counter()
+        try:
+            conn.request("POST", self._root + path, json.dumps(body),
+                         {"Content-Type": "application/json", "Accept": "text/event-stream",
+                          "Connection": "close"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise RuntimeError(f"{self.url}{path}: HTTP {resp.status}: {resp.read()[:300]!r}")
+            for payload in iter_sse(resp):
+                now = time.perf_counter() - t0
+                obj = json.loads(payload)
+                if "error" in obj:
+                    raise RuntimeError(f"{self.url}{path}: {obj['error']}")
+                usage = obj.get("usage") or usage
+                for c in obj.get("choices") or []:
+                    text = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
+                    finish = c.get("finish_reason") or finish
+                    if text:
+                        t_chunks.append(now)
+                        parts.append(text)
+            end = time.perf_counter() - t0
+            resp.read()  # the rest of the body after [DONE], so the server sees a clean close
+        finally:
+            conn.close()
+        counted = usage is not None and usage.get("completion_tokens") is not None
+        return {"_t0": t0, **timing_fields(t_chunks, end), "text": "".join(parts), "finish_reason": finish,
+                "emitted_tokens": usage["completion_tokens"] if counted else len(t_chunks),
+                "tokens_from": "usage" if counted else "chunks",
+                "prompt_tokens": (usage or {}).get("prompt_tokens") or len(ids), "token_ids": None, "stats": None}
+
+    def run_group(self, requests: list[tuple[Prompt, list[int], dict]]) -> tuple[list[dict], dict | None]:
+        """All requests of the group at once; the counters are read before and after the group."""
+        before = self.counters()
+        gate = threading.Barrier(len(requests))
+
+        def one(req):
+            gate.wait()
+            return self.run_one(*req)
+
+        t_group = time.perf_counter()
+        with ThreadPoolExecutor(len(requests)) as pool:
+            recs = list(pool.map(one, requests))
+        for r in recs:
+            r["queue_s"] = r.pop("_t0") - t_group
+        emitted = sum(r["emitted_tokens"] for r in recs)
+        return recs, server_stats(before, self.counters(), emitted)
+
+    def describe(self) -> dict:
+        return {"sequential": False, "backend": "endpoint", "url": self.url, "model": self.model,
+                "api": self.api, "drafter": None, "num_draft_tokens": None}

@@ -1,0 +1,56 @@
+"""The things a run measures, one per configuration: in-process engines sharing ONE loaded target
+(so the baseline and speculation run the same weights), or servers."""
+from __future__ import annotations
+
+from draftwise.bench.config import BenchConfig
+from draftwise.bench.endpoint import EndpointTarget
+from draftwise.bench.measure import EngineTarget
+from draftwise.engine import Engine
+
+
+def build_targets(cfg: BenchConfig, engines: dict[str, Engine] | None = None, tokenizer=None):
+    """(config name -> target, tokenizer). `engines` (name -> Engine) skips loading, e.g. fakes.
+    Servers need the target's tokenizer too: to build token-id prompts and to bucket them by length."""
+    if cfg.endpoints:
+        from draftwise.models.load import load_tokenizer
+        from draftwise.models.registry import resolve
+
+        tok = tokenizer or load_tokenizer(resolve(cfg.target))
+        return {name: EndpointTarget(url, cfg.endpoint_model, cfg.endpoint_api, cfg.metrics)
+                for name, url in cfg.endpoints.items()}, tok
+    if engines is None:
+        engines = build_engines(cfg)
+    names = [c.name for c in cfg.run_configs()]
+    missing = [n for n in names if n not in engines]
+    if missing:
+        raise ValueError(f"no engine for configurations {missing}")
+    tokenizers = {id(engines[n].tokenizer) for n in names}
+    targets = {id(engines[n].target) for n in names}
+    if len(tokenizers) != 1 or len(targets) != 1:
+        raise ValueError("every configuration of a run must share one target runner and tokenizer")
+    return {n: EngineTarget(engines[n]) for n in names}, engines[names[0]].tokenizer
+
+
+def build_engines(cfg: BenchConfig) -> dict[str, Engine]:
+    """Load the target once, and the draft model once if any configuration drafts with it."""
+    from draftwise.build import check_vocabularies
+    from draftwise.drafters.model import ModelDrafter
+    from draftwise.drafters.ngram import NgramDrafter
+    from draftwise.models.load import default_backend, load_runner
+
+    backend = cfg.backend or default_backend(cfg.target)
+    runner, tok = load_runner(cfg.target, backend, cfg.threads, cfg.max_context)
+    run_cfgs = cfg.run_configs()
+    draft_runner = None
+    if any(c.drafter == "model" for c in run_cfgs):
+        draft_runner, d_tok = load_runner(cfg.draft_model, backend, cfg.threads, cfg.max_context)
+        check_vocabularies(tok, d_tok, cfg.target, cfg.draft_model)
+    out = {}
+    for c in run_cfgs:
+        if c.drafter == "none":
+            out[c.name] = Engine(runner, tok)
+        elif c.drafter == "ngram":
+            out[c.name] = Engine(runner, tok, NgramDrafter(cfg.ngram_min, cfg.ngram_max), c.num_draft_tokens)
+        else:  # one ModelDrafter per engine (its own request state) over the one draft runner
+            out[c.name] = Engine(runner, tok, ModelDrafter(draft_runner), c.num_draft_tokens)
+    return out

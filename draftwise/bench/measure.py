@@ -1,0 +1,155 @@
+"""Measuring one request as the user sees it: chunk arrival times, memory, and the engine's stats.
+
+All latencies come from the harness's own clock around the stream (not the engine's), so the
+in-process engine and a server are timed the same way:
+- TTFT: request start -> first chunk that carries tokens
+- ITL (inter-token latency as seen): gaps between consecutive chunks that carry tokens; one
+  speculative round delivers several tokens in one chunk, so its gap covers all of them
+- E2E: request start -> last chunk
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import threading
+import time
+
+import psutil
+
+from draftwise.engine import Engine
+from draftwise.prompts import Prompt
+
+_PACKAGES = ("draftwise", "torch", "transformers", "numpy", "llama-cpp-python", "gguf", "psutil", "matplotlib")
+
+
+class RssSampler:
+    """Resident memory sampled by a background thread while a request runs. The process's peak
+    RSS only ever grows, so it cannot tell configurations apart; the peak *during* each request can."""
+
+    def __init__(self, interval_s: float = 0.01):
+        self.interval_s, self.peak, self.start = interval_s, 0, 0
+        self._proc, self._stop = psutil.Process(), threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> RssSampler:
+        self.start = self.peak = self._proc.memory_info().rss
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak = max(self.peak, self._proc.memory_info().rss)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._proc.memory_info().rss)
+
+
+def timing_fields(t_chunks: list[float], end: float) -> dict:
+    """Seconds since request start of each chunk with tokens, and the request's end."""
+    itl = [b - a for a, b in zip(t_chunks, t_chunks[1:])]
+    return {"ttft_s": t_chunks[0] if t_chunks else None, "itl_s": itl, "e2e_s": end, "chunk_times_s": t_chunks}
+
+
+def weight_bytes(runner) -> int | None:
+    """Bytes of a runner's weights: torch parameters, or the GGUF file llama.cpp maps."""
+    model = getattr(runner, "model", None)
+    if model is not None and hasattr(model, "parameters"):
+        return sum(p.numel() * p.element_size() for p in model.parameters())
+    path = getattr(runner, "model_path", None)
+    return os.path.getsize(path) if path and os.path.isfile(path) else None
+
+
+def precision(runner) -> str:
+    model = getattr(runner, "model", None)
+    if model is not None and hasattr(model, "parameters"):
+        return str(next(model.parameters()).dtype).replace("torch.", "")
+    path = getattr(runner, "model_path", None)
+    return f"gguf:{os.path.basename(path)}" if path else "unknown"
+
+
+class EngineTarget:
+    """Runs requests on an in-process Engine. The engine is not batched yet, so a group of
+    concurrent requests runs one after another: its rows are marked sequential, and a request's
+    queue_s is the wait for those before it in the group."""
+
+    sequential = True
+
+    def __init__(self, engine: Engine, kv_probe: bool = True):
+        self.engine = engine
+        # KV bytes are read at each chunk (tens of microseconds); the time is stored as probe_s
+        self.kv_probe = kv_probe and hasattr(engine.target, "kv_bytes")
+        self.draft_runner = getattr(engine.drafter, "runner", None)
+
+    def run_group(self, requests: list[tuple[Prompt, list[int], dict]]) -> tuple[list[dict], None]:
+        """requests: (prompt, its token ids, stream kwargs) each; one record per request, in order."""
+        t_group = time.perf_counter()
+        out = []
+        for _, ids, kw in requests:
+            rec = self.run_one(ids, kw)
+            rec["queue_s"] = rec.pop("_t0") - t_group
+            out.append(rec)
+        return out, None
+
+    def run_one(self, ids: list[int], kw: dict) -> dict:
+        t_chunks, kv, dkv, probe, result = [], 0, 0, 0.0, None
+        with RssSampler() as rss:
+            t0 = time.perf_counter()
+            for chunk in self.engine.stream(ids, **kw):
+                now = time.perf_counter() - t0
+                if chunk.token_ids:
+                    t_chunks.append(now)
+                if chunk.result is not None:
+                    result = chunk.result
+                elif self.kv_probe:  # the last chunk comes after the KV is freed
+                    tp = time.perf_counter()
+                    kv = max(kv, self.engine.target.kv_bytes())
+                    if self.draft_runner is not None and hasattr(self.draft_runner, "kv_bytes"):
+                        dkv = max(dkv, self.draft_runner.kv_bytes())
+                    probe += time.perf_counter() - tp
+            end = time.perf_counter() - t0
+        return {"_t0": t0, **timing_fields(t_chunks, end), "emitted_tokens": len(result.token_ids),
+                "token_ids": result.token_ids, "text": result.text, "finish_reason": result.finish_reason,
+                "prompt_tokens": result.prompt_tokens, "stats": result.stats.to_dict(),
+                "rss_start_bytes": rss.start, "rss_peak_bytes": rss.peak,
+                "kv_peak_bytes": kv if self.kv_probe else None,
+                "draft_kv_peak_bytes": dkv if self.kv_probe and self.draft_runner is not None else None,
+                "probe_s": probe}
+
+    def describe(self) -> dict:
+        d = self.engine.drafter
+        return {"sequential": True, "backend": getattr(self.engine.target, "backend", None),
+                "precision": precision(self.engine.target),
+                "drafter": getattr(d, "name", None), "num_draft_tokens": self.engine.num_draft_tokens if d else 0,
+                "draft_weight_bytes": weight_bytes(self.draft_runner) if self.draft_runner is not None else None,
+                "target_weight_bytes": weight_bytes(self.engine.target)}
+
+
+def environment() -> dict:
+    """Package versions, machine and threads, stored with every run."""
+    versions = {}
+    for name in _PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    threads = None
+    try:
+        import torch
+        threads = torch.get_num_threads()
+    except ImportError:
+        pass
+    return {"packages": versions, "python": platform.python_version(), "platform": platform.platform(),
+            "machine": platform.machine(), "cpu": cpu, "logical_cpus": psutil.cpu_count(),
+            "physical_cpus": psutil.cpu_count(logical=False), "ram_bytes": psutil.virtual_memory().total,
+            "torch_threads": threads}

@@ -1,0 +1,158 @@
+"""The report's plots, as base64 PNGs (matplotlib, the `bench` extra)."""
+from __future__ import annotations
+
+import base64
+import io
+
+from draftwise.bench.summary import Row, Summary
+
+
+def break_even(points: list[tuple[int, float]]) -> float | None:
+    """Concurrency where speedup first falls to 1, linearly interpolated between measured levels;
+    None if it never does. points: (concurrency, speedup), any order."""
+    pts = sorted(points)
+    for (c0, s0), (c1, s1) in zip(pts, pts[1:]):
+        if s0 > 1.0 >= s1:
+            return c0 + (s0 - 1.0) * (c1 - c0) / (s0 - s1)
+    return None
+
+
+def draft_length(config: str) -> tuple[str, int] | None:
+    """('ngram', 4) for 'ngram:4'; None for plain and servers."""
+    kind, _, d = config.partition(":")
+    return (kind, int(d)) if d.isdigit() else None
+
+
+def _png(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _err(r: Row) -> list[list[float]]:
+    lo = r.speedup - r.speedup_lo if r.speedup_lo is not None else 0.0
+    hi = r.speedup_hi - r.speedup if r.speedup_hi is not None else 0.0
+    return [[lo], [hi]]
+
+
+def figures(s: Summary) -> list[tuple[str, str]]:
+    """(title, base64 PNG) per plot; empty without matplotlib. All but the concurrency plot show
+    the lowest concurrency measured (1 unless not run)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    c1 = min(r.concurrency for r in s.rows)
+    base = [r for r in s.rows if r.concurrency == c1]
+    alls = [r for r in base if r.scope == "all"]
+    out = []
+    for title, make, rows in (("Speedup vs draft length, per category", _speedup_vs_d, base),
+                              (f"Latency CDFs (all prompts, concurrency {c1})", _cdfs, alls),
+                              ("Acceptance per draft position", _per_position, alls),
+                              ("Time split per round", _time_split, alls),
+                              ("Speedup vs concurrency (break-even marked where concurrency was real)",
+                               _concurrency, [r for r in s.rows if r.scope == "all" and r.config != s.baseline])):
+        fig = make(rows, plt)
+        if fig is not None:
+            out.append((title, _png(fig)))
+    return out
+
+
+def _of_kind(rows: list[Row], kind: str) -> list[Row]:
+    return sorted((r for r in rows if (draft_length(r.config) or ("",))[0] == kind),
+                  key=lambda r: draft_length(r.config)[1])
+
+
+def _speedup_vs_d(rows: list[Row], plt):
+    """One panel per drafter, one line per category (bold: all prompts), D on the x axis."""
+    kinds = sorted({draft_length(r.config)[0] for r in rows if draft_length(r.config)})
+    if not kinds:
+        return None
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for scope in dict.fromkeys(r.scope for r in rows if not r.scope.startswith("bucket:")):
+            pts = [r for r in _of_kind(rows, kind) if r.scope == scope and r.speedup is not None]
+            ds = [draft_length(r.config)[1] for r in pts]
+            line = ax.plot(ds, [r.speedup for r in pts], marker="o", label=scope,
+                           linewidth=2.5 if scope == "all" else 1)
+            for d, r in zip(ds, pts):
+                ax.errorbar([d], [r.speedup], yerr=_err(r), fmt="none", ecolor=line[0].get_color(), alpha=0.6)
+        ax.axhline(1.0, color="black", linestyle=":")
+        ax.set_xticks(sorted({draft_length(r.config)[1] for r in _of_kind(rows, kind)}))
+        ax.set(title=f"{kind}: speedup vs D (95% CI)", xlabel="draft length D", ylabel="speedup ×")
+        ax.legend(fontsize=7)
+    return fig
+
+
+def _cdfs(rows: list[Row], plt):
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, key, name in zip(axes, ("ttft_s", "itl_s", "e2e_s"), ("TTFT", "inter-token latency", "end-to-end")):
+        for r in rows:
+            xs = [1000 * x for x in (r.cdf or {}).get(key, []) if x is not None]
+            ax.plot(xs, [q / 100 for q in range(len(xs))], label=r.config)
+        ax.set(title=f"{name} CDF", xlabel="ms",
+               ylabel="fraction of gaps" if key == "itl_s" else "fraction of requests")
+        ax.legend(fontsize=7)
+    return fig
+
+
+def _per_position(rows: list[Row], plt):
+    rows = [r for r in rows if r.per_position_acceptance]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in rows:
+        ax.plot(range(1, len(r.per_position_acceptance) + 1), r.per_position_acceptance, marker="o", label=r.config)
+    ax.set(title="Acceptance per draft position", xlabel="draft position", ylabel="acceptance", ylim=(0, 1.05))
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _time_split(rows: list[Row], plt):
+    """Mean milliseconds per target step after prefill, stacked: draft, verify, other."""
+    rows = [r for r in rows if r.step_ms and r.step_ms.get("verify") is not None]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(rows)), 4))
+    bottom = [0.0] * len(rows)
+    for part in ("draft", "verify", "other"):
+        vals = [r.step_ms[part] or 0.0 for r in rows]
+        ax.bar([r.config for r in rows], vals, bottom=bottom, label=part)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set(title="Time per target step (after prefill)", ylabel="ms")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _concurrency(rows: list[Row], plt):
+    """Speedup per concurrency level; break-even only from rows measured with real concurrency."""
+    rows = [r for r in rows if r.speedup is not None]
+    if len({r.concurrency for r in rows}) < 2:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    notes = []
+    for config in dict.fromkeys(r.config for r in rows):
+        pts = sorted((r for r in rows if r.config == config), key=lambda r: r.concurrency)
+        seq = any(r.sequential for r in pts)
+        ax.plot([r.concurrency for r in pts], [r.speedup for r in pts], marker="o", linestyle="--" if seq else "-",
+                label=config + (" (sequential)" if seq else ""))
+        if seq:
+            notes.append(f"{config}: sequential, no break-even")
+            continue
+        be = break_even([(r.concurrency, r.speedup) for r in pts])
+        if be is not None:
+            ax.axvline(be, linestyle="--", color=ax.lines[-1].get_color())
+            ax.annotate(f"break-even {be:.1f}", (be, 1.0), fontsize=8)
+    ax.axhline(1.0, color="black", linestyle=":")
+    levels = sorted({r.concurrency for r in rows})
+    ax.set(title="Speedup vs concurrency", xlabel="requests in flight", ylabel="speedup ×", xscale="log")
+    ax.set_xticks(levels, [str(c) for c in levels])
+    if notes:
+        ax.text(0.02, 0.02, "\n".join(notes), transform=ax.transAxes, fontsize=7, va="bottom")
+    ax.legend(fontsize=7)
+    return fig

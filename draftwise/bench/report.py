@@ -1,0 +1,142 @@
+"""Reports of a Summary: a text table for the terminal, and one self-contained HTML file (plots as
+embedded PNGs). Output mismatches come first, before any speed figure, and are never folded away."""
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from draftwise.bench.plots import figures
+from draftwise.bench.summary import Row, Summary
+
+_COLS = ("config", "conc", "req", "tok/s", "ms/tok", "speedup [95% CI]", "acc", "AL",
+         "TTFT p50 ms", "ITL p50 ms", "E2E p95 s", "RSS+ MB", "mism")
+
+
+def _f(v, fmt: str) -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def speedup_text(r: Row, baseline: str) -> str:
+    if r.config == baseline:
+        return "1 (baseline)"
+    if r.speedup is None:
+        return "-"
+    if r.speedup_lo is None:
+        return f"{r.speedup:.2f}× (1 prompt: no interval)"
+    noise = " ≈noise" if r.in_noise else ""
+    return f"{r.speedup:.2f}× [{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]{noise}"
+
+
+def _cells(r: Row, baseline: str) -> list[str]:
+    mb = None if r.rss_growth_bytes is None else r.rss_growth_bytes / 2**20
+    return [r.config, f"{r.concurrency}{'*' if r.sequential else ''}", str(r.requests),
+            _f(r.tokens_per_s, "{:.2f}"), _f(r.ms_per_token, "{:.1f}"), speedup_text(r, baseline),
+            _f(r.acceptance_rate, "{:.3f}"), _f(r.acceptance_length, "{:.2f}"),
+            _f(r.ttft.p50 and 1000 * r.ttft.p50, "{:.0f}"), _f(r.itl.p50 and 1000 * r.itl.p50, "{:.1f}"),
+            _f(r.e2e.p95, "{:.2f}"), _f(mb, "{:.0f}"), str(r.mismatches)]
+
+
+def format_table(s: Summary, scope: str = "all") -> str:
+    rows = [_COLS] + [_cells(r, s.baseline) for r in s.rows if r.scope == scope]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLS))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    if any(r.sequential for r in s.rows if r.scope == scope):
+        lines.append("* sequential: the in-process engine is not batched yet; these requests ran one after another")
+    return "\n".join(lines)
+
+
+def check_text(s: Summary) -> str:
+    if s.checked is None:
+        return "output check: not done (temperature > 0: outputs differ by design)"
+    if not s.mismatches:
+        return f"output check: all {s.checked} outputs identical to the baseline ({s.baseline})"
+    return f"output check: {len(s.mismatches)} of {s.checked} outputs DIFFER from the baseline ({s.baseline})"
+
+
+def conditions_text(s: Summary) -> str:
+    """The fixed conditions in two lines, for the terminal."""
+    c, r = s.conditions, s.resolved
+    env = (s.sessions[-1] if s.sessions else {}).get("environment", {})
+    pk = env.get("packages", {})
+    sampling = "greedy" if c["temperature"] == 0 else \
+        f"T={c['temperature']} top_p={c['top_p']} top_k={c['top_k']} seed={c['sample_seed']}"
+    tok = (r.get("tokenizer") or "-")[:12]
+    return (f"target {c['target']} ({r.get('backend')}, {r.get('precision')}, tokenizer {tok}), {sampling}, "
+            f"max {c['max_tokens']} tokens, baseline {s.baseline}\n"
+            f"{env.get('cpu')}, {env.get('logical_cpus')} CPUs, "
+            f"threads {c.get('threads') or env.get('torch_threads')}; "
+            f"torch {pk.get('torch')}, transformers {pk.get('transformers')}, "
+            f"llama-cpp-python {pk.get('llama-cpp-python')}")
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{th}</tr>{body}</table>"
+
+
+def _check_section(s: Summary) -> str:
+    ok = s.checked is None or not s.mismatches
+    out = [f'<h2>Output check</h2><p class="{"ok" if ok else "bad"}">{html.escape(check_text(s))}</p>']
+    if s.mismatches:
+        rows = [[m.config, m.prompt_id, m.repeat, m.concurrency, f"{m.unit} {m.position}", m.baseline, m.other,
+                 _f(m.margin_single, "{:.4f}"), _f(m.margin_batched, "{:.4f}")] for m in s.mismatches]
+        out.append(_table(["config", "prompt", "repeat", "conc", "first difference", "baseline", "other",
+                           "top-2 margin (single)", "top-2 margin (batched)"], rows))
+        out.append("<p>A near-zero margin means the target's two best tokens were tied within rounding, "
+                   "so a batched and a single-token forward can pick differently.</p>")
+    return "".join(out)
+
+
+def _conditions_section(s: Summary) -> str:
+    out = ["<h2>Conditions</h2>", _table(["setting", "value"], [[k, json.dumps(v)] for k, v in
+                                                           (s.conditions | s.resolved).items()])]
+    for i, sess in enumerate(s.sessions):
+        env = sess.get("environment", {})
+        rows = [["started", sess.get("started")], ["plan", json.dumps(sess.get("plan"))],
+                ["prompts", sess.get("prompts")], ["skipped (too long)", ", ".join(sess.get("skipped_prompts", []))]]
+        rows += [[k, json.dumps(v)] for k, v in env.items()]
+        rows += [[f"config {n}", json.dumps(d)] for n, d in sess.get("targets", {}).items()]
+        out += [f"<h3>Session {i + 1}</h3>", _table(["", ""], rows)]
+    return "".join(out)
+
+
+def _results_section(s: Summary) -> str:
+    out = ["<h2>Results</h2><p>Latencies from submission; speedup = baseline ms per emitted token ÷ the "
+           "configuration's, with a bootstrap 95% interval over prompts (≈noise: the interval holds 1). "
+           "RSS+ = most resident memory one request added while it ran. * = sequential.</p>"]
+    for scope in dict.fromkeys(r.scope for r in s.rows):
+        cells = [_cells(r, s.baseline) for r in s.rows if r.scope == scope]
+        out += [f"<h3>{html.escape(scope)}</h3>", _table(list(_COLS), cells)]
+    extra = [[r.config, r.concurrency, json.dumps([round(a, 3) for a in r.per_position_acceptance]),
+              json.dumps({k: v if not isinstance(v, float) else round(v, 2) for k, v in (r.step_ms or {}).items()}),
+              _f(r.kv_peak_bytes and r.kv_peak_bytes / 2**20, "{:.1f}"),
+              _f(r.draft_kv_peak_bytes and r.draft_kv_peak_bytes / 2**20, "{:.1f}"),
+              _f(r.draft_weight_bytes and r.draft_weight_bytes / 2**20, "{:.0f}"),
+              _f(r.rss_peak_bytes and r.rss_peak_bytes / 2**20, "{:.0f}")]
+             for r in s.rows if r.scope == "all"]
+    out += ["<h3>Speculation and memory (all prompts)</h3>",
+            _table(["config", "conc", "per-position acceptance", "ms per step", "KV peak MB", "draft KV MB",
+                    "draft weights MB", "RSS peak MB"], extra)]
+    return "".join(out)
+
+
+_CSS = ("body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;margin:8px 0}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:right}"
+        ".ok{color:#060}.bad{color:#b00;font-weight:bold}img{max-width:100%}")
+
+
+def write_report(summary: Summary, path: str | Path) -> Path:
+    """One HTML file with everything embedded; the mismatch section comes first."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    figs = "".join(f"<h3>{html.escape(title)}</h3><img src=\"data:image/png;base64,{png}\"/>"
+                   for title, png in figures(summary))
+    body = (f"<h1>draftwise bench: {html.escape(str(summary.conditions.get('target')))}</h1>"
+            + _check_section(summary) + _results_section(summary) + "<h2>Plots</h2>" + figs
+            + _conditions_section(summary))
+    p.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>draftwise bench</title>"
+                 f"<style>{_CSS}</style></head><body>{body}</body></html>", encoding="utf-8")
+    return p

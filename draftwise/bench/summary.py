@@ -1,0 +1,240 @@
+"""Per-configuration aggregates of a results file, per scope (all prompts, each category, each
+context-length bucket) and concurrency.
+
+Latencies are as a user sees them: from the moment the request is submitted, so a request that
+waits for others in a sequential group counts its wait (queue_s; 0 at concurrency 1).
+- speedup = baseline's ms per emitted token / the configuration's, on the prompts both ran,
+  summed over repeats; its 95% interval resamples prompts (bootstrap). An interval holding 1 means
+  the difference is inside the noise.
+- tokens_per_s = emitted tokens / elapsed time of their groups (throughput).
+- acceptance rate, AL, per-position acceptance, time split: from the summed SpecStats.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+
+from draftwise.bench.check import Mismatch, find_mismatches
+from draftwise.bench.results import Results
+from draftwise.stats import SpecStats, aggregate
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default): p50 of [1, 2, 3, 4] is 2.5."""
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+@dataclass(slots=True)
+class Latency:  # seconds
+    n: int
+    mean: float | None
+    p50: float | None
+    p95: float | None
+    p99: float | None
+
+    @staticmethod
+    def of(values: list[float]) -> Latency:
+        v = [x for x in values if x is not None]
+        return Latency(len(v), float(np.mean(v)) if v else None, *(percentile(v, q) for q in (50, 95, 99)))
+
+
+def bootstrap_ratio(base_t, base_n, cfg_t, cfg_n, n_boot: int = 2000, seed: int = 0
+                    ) -> tuple[float, float | None, float | None]:
+    """Speedup (base ms/token over cfg ms/token) with a 95% interval from resampling prompts.
+
+    Arguments are per prompt, paired: [P] seconds and [P] emitted tokens. With one prompt there is
+    nothing to resample: the interval is None, not a zero-width one that looks certain."""
+    bt, bn, ct, cn = (np.asarray(a, dtype=float) for a in (base_t, base_n, cfg_t, cfg_n))
+    point = (bt.sum() / bn.sum()) / (ct.sum() / cn.sum())
+    if len(bt) < 2:
+        return float(point), None, None
+    idx = np.random.default_rng(seed).integers(0, len(bt), size=(n_boot, len(bt)))  # [n_boot, P]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = (bt[idx].sum(1) / bn[idx].sum(1)) / (ct[idx].sum(1) / cn[idx].sum(1))
+    ratios = ratios[np.isfinite(ratios)]
+    return float(point), float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
+
+
+@dataclass(slots=True)
+class Row:
+    scope: str  # "all" | "category:<name>" | "bucket:<range>"
+    config: str
+    concurrency: int
+    sequential: bool  # concurrency simulated one request after another: no break-even from it
+    requests: int
+    prompts: int
+    emitted_tokens: int
+    ttft: Latency
+    itl: Latency
+    e2e: Latency
+    tokens_per_s: float | None
+    ms_per_token: float | None
+    speedup: float | None = None
+    speedup_lo: float | None = None
+    speedup_hi: float | None = None
+    acceptance_rate: float | None = None
+    acceptance_length: float | None = None
+    per_position_acceptance: list[float] = field(default_factory=list)
+    step_ms: dict | None = None  # per target step after prefill: draft, verify, other; and prefill per request
+    rss_peak_bytes: int | None = None
+    rss_growth_bytes: int | None = None  # most a request added to resident memory while it ran
+    kv_peak_bytes: int | None = None
+    draft_kv_peak_bytes: int | None = None
+    draft_weight_bytes: int | None = None
+    mismatches: int = 0
+    probe_share: float | None = None  # of request time spent reading KV sizes: the harness's own cost
+    cdf: dict | None = None  # scope "all": e2e_s, ttft_s, itl_s at percentiles 0..100
+
+    @property
+    def in_noise(self) -> bool | None:
+        return None if self.speedup_lo is None else self.speedup_lo <= 1.0 <= self.speedup_hi
+
+
+@dataclass(slots=True)
+class Summary:
+    conditions: dict
+    resolved: dict  # what the conditions resolved to: tokenizer fingerprint, backend, precision
+    sessions: list[dict]
+    baseline: str
+    checked: int | None  # outputs compared with the baseline's; None when not greedy
+    mismatches: list[Mismatch]
+    rows: list[Row]
+
+    def to_dict(self) -> dict:
+        return {"conditions": self.conditions, "resolved": self.resolved, "sessions": self.sessions,
+                "baseline": self.baseline, "checked": self.checked,
+                "mismatches": [m.to_dict() for m in self.mismatches],
+                "rows": [asdict(r) | {"in_noise": r.in_noise} for r in self.rows]}
+
+    def save(self, out_dir: str | Path) -> tuple[Path, Path]:
+        d = Path(out_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "summary.json").write_text(json.dumps(self.to_dict(), indent=1))
+        with (d / "summary.csv").open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(_csv_header())
+            for r in self.rows:
+                w.writerow(_csv_row(r))
+        return d / "summary.json", d / "summary.csv"
+
+    def table(self, scope: str = "all") -> str:
+        from draftwise.bench.report import format_table
+
+        return format_table(self, scope)
+
+
+_LAT = ("ttft", "itl", "e2e")
+_SKIP = {"per_position_acceptance", "step_ms", "cdf", *_LAT}
+
+
+def _csv_header() -> list[str]:
+    return ([f.name for f in fields(Row) if f.name not in _SKIP]
+            + [f"{k}_{s}_s" for k in _LAT for s in ("mean", "p50", "p95", "p99")] + ["in_noise"])
+
+
+def _csv_row(r: Row) -> list:
+    return ([getattr(r, f.name) for f in fields(Row) if f.name not in _SKIP]
+            + [getattr(getattr(r, k), s) for k in _LAT for s in ("mean", "p50", "p95", "p99")] + [r.in_noise])
+
+
+def _spec_stats(d: dict) -> SpecStats:
+    return SpecStats(**{k: v for k, v in d.items() if k in SpecStats.__slots__})
+
+
+def _seen(r: dict, k: str) -> float | None:
+    """Latency from submission: the request's own plus its wait in a sequential group."""
+    return None if r[k] is None else r[k] + r.get("queue_s", 0.0)
+
+
+def _per_prompt(recs: list[dict]) -> dict[str, tuple[float, int]]:
+    out: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    for r in recs:
+        out[r["prompt_id"]][0] += _seen(r, "e2e_s")
+        out[r["prompt_id"]][1] += r["emitted_tokens"]
+    return {k: (t, n) for k, (t, n) in out.items()}
+
+
+def _row(scope, config, conc, recs, base, servers, describe, mism, n_boot, seed) -> Row:
+    e2e = [_seen(r, "e2e_s") for r in recs]
+    tokens = sum(r["emitted_tokens"] for r in recs)
+    groups: dict = defaultdict(float)  # (repeat, group) -> elapsed
+    for r, t in zip(recs, e2e):
+        groups[(r["repeat"], r["group"])] = max(groups[(r["repeat"], r["group"])], t)
+    row = Row(scope, config, conc, any(r.get("sequential") for r in recs), len(recs),
+              len({r["prompt_id"] for r in recs}), tokens, Latency.of([_seen(r, "ttft_s") for r in recs]),
+              Latency.of([x for r in recs for x in r["itl_s"]]), Latency.of(e2e),
+              tokens / sum(groups.values()) if sum(groups.values()) > 0 else None,
+              1000 * sum(e2e) / tokens if tokens else None, mismatches=mism)
+    mine, theirs = _per_prompt(recs), _per_prompt(base)
+    both = [p for p in mine if p in theirs and mine[p][1] and theirs[p][1]]
+    if recs and base and recs[0]["config"] == base[0]["config"]:
+        row.speedup = 1.0  # the baseline itself: by definition, no interval
+    elif both:
+        row.speedup, row.speedup_lo, row.speedup_hi = bootstrap_ratio(
+            [theirs[p][0] for p in both], [theirs[p][1] for p in both],
+            [mine[p][0] for p in both], [mine[p][1] for p in both], n_boot, seed)
+    st = [_spec_stats(r["stats"]) for r in recs if r.get("stats")] or \
+         [_spec_stats(s["stats"]) for s in servers]
+    if st:
+        s = aggregate(st)
+        row.acceptance_rate, row.acceptance_length = s.acceptance_rate, s.acceptance_length
+        row.per_position_acceptance = s.per_position_acceptance
+        steps = s.verification_rounds + s.plain_steps - s.requests
+        if s.requests and s.wall_s > 0:
+            row.step_ms = {"prefill_per_request": 1000 * s.prefill_s / s.requests, "steps": steps,
+                           **{k: 1000 * getattr(s, f"{k}_s") / steps if steps > 0 else None
+                              for k in ("draft", "verify", "other")}}
+    top = lambda k: max((r[k] for r in recs if r.get(k) is not None), default=None)  # noqa: E731
+    row.rss_peak_bytes, row.kv_peak_bytes, row.draft_kv_peak_bytes = top("rss_peak_bytes"), top("kv_peak_bytes"), \
+        top("draft_kv_peak_bytes")
+    growth = [r["rss_peak_bytes"] - r["rss_start_bytes"] for r in recs if r.get("rss_peak_bytes") is not None]
+    row.rss_growth_bytes = max(growth) if growth else None
+    row.draft_weight_bytes = describe.get("draft_weight_bytes")
+    own = sum(r["e2e_s"] for r in recs)
+    row.probe_share = sum(r.get("probe_s") or 0.0 for r in recs) / own if own > 0 else None
+    if scope == "all":
+        ttft = [x for x in (_seen(r, "ttft_s") for r in recs) if x is not None]
+        itl = [x for r in recs for x in r["itl_s"]]
+        row.cdf = {k: np.percentile(v, range(101)).tolist() if v else []
+                   for k, v in (("e2e_s", e2e), ("ttft_s", ttft), ("itl_s", itl))}
+    return row
+
+
+def summarise(path: str | Path, n_boot: int = 2000, seed: int = 0) -> Summary:
+    """Aggregate a results file (or its directory) measured by run_bench."""
+    res = Results.load(path)
+    if res.meta is None or not res.requests:
+        raise ValueError(f"{path}: no benchmark results")
+    cond = res.meta["conditions"]
+    baseline = cond["baseline"]
+    recs = sorted(res.requests.values(), key=lambda r: r.get("order", 0))
+    greedy = cond["temperature"] == 0
+    mism, checked = find_mismatches(recs, baseline, res.divergences) if greedy else ([], None)
+    describe = {}
+    for s in res.sessions:
+        describe.update(s.get("targets", {}))
+    scopes = [("all", lambda r: True)]
+    for f in ("category", "bucket"):
+        scopes += [(f"{f}:{v}", lambda r, f=f, v=v: r[f] == v) for v in dict.fromkeys(r[f] for r in recs)]
+    configs = list(dict.fromkeys(r["config"] for r in recs))
+    rows = []
+    for scope, keep in scopes:
+        sub = [r for r in recs if keep(r)]
+        ids = {r["prompt_id"] for r in sub}
+        for conc in sorted({r["concurrency"] for r in sub}):
+            base = [r for r in sub if r["config"] == baseline and r["concurrency"] == conc]
+            for config in configs:
+                mine = [r for r in sub if r["config"] == config and r["concurrency"] == conc]
+                if not mine:
+                    continue
+                srv = [s for s in res.servers.values() if s["config"] == config and s["concurrency"] == conc
+                       and set(s["prompt_ids"]) <= ids]
+                n_mism = sum(1 for m in mism if m.config == config and m.concurrency == conc and m.prompt_id in ids)
+                rows.append(_row(scope, config, conc, mine, base, srv, describe.get(config, {}), n_mism,
+                                 n_boot, seed))
+    return Summary(cond, res.meta.get("resolved", {}), res.sessions, baseline, checked, mism, rows)

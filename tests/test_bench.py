@@ -1,0 +1,391 @@
+"""The benchmark harness on a toy runner: configuration parsing, interleaved order, resuming,
+percentiles and bootstrap intervals, the output check, summaries and the report."""
+import json
+
+import numpy as np
+import pytest
+
+from draftwise.bench import BenchConfig, load_prompts, run_bench, summarise, write_report
+from draftwise.bench.check import find_mismatches
+from draftwise.bench.config import RunConfig, context_bucket, parse_configs
+from draftwise.bench.measure import timing_fields
+from draftwise.bench.plots import break_even, draft_length
+from draftwise.bench.results import REQUESTS, Results
+from draftwise.bench.run import plan
+from draftwise.bench.summary import Latency, bootstrap_ratio, percentile
+from draftwise.drafters.base import Proposal
+from draftwise.drafters.ngram import NgramDrafter
+from draftwise.engine import Engine
+from draftwise.prompts import data_dir
+from draftwise.verify import VerifyResult
+from fakes import CharTokenizer, CycleRunner
+
+TEXTS = ["abcdeab", "cdeabcdea", "eabcdeabcdeab", "bcdeabc"]  # the cycle 0..4: n-gram drafts are right
+
+
+def write_workload(tmp_path, texts=TEXTS):
+    path = tmp_path / "w.jsonl"
+    path.write_text("".join(json.dumps({"id": f"p{i}", "category": "odd" if i % 2 else "even", "prompt": t}) + "\n"
+                            for i, t in enumerate(texts)))
+    return str(path)
+
+
+def fake_engines(runner=None, extra=None):
+    runner, tok = runner or CycleRunner(), CharTokenizer()
+    out = {"plain": Engine(runner, tok), "ngram:2": Engine(runner, tok, NgramDrafter(1, 3), 2),
+           "ngram:4": Engine(runner, tok, NgramDrafter(1, 3), 4)}
+    for name, make in (extra or {}).items():
+        out[name] = make(runner, tok)
+    return out
+
+
+def config(tmp_path, **kw):
+    base = dict(target="fake", workload=write_workload(tmp_path), n_per_category=None, configs=("plain", "ngram:2,4"),
+                max_tokens=12, out_dir=str(tmp_path / "out"), context_edges=(8,))
+    return BenchConfig(**{**base, **kw})
+
+
+def requests(path):
+    return [json.loads(line) for line in open(path) if json.loads(line)["kind"] == "request"]
+
+
+# --- configuration -------------------------------------------------------------------------
+
+def test_parse_configs_and_sweeps():
+    names = [c.name for c in parse_configs(["plain", "ngram:2,4", "model:3"])]
+    assert names == ["plain", "ngram:2", "ngram:4", "model:3"]
+    assert RunConfig.parse("model:8") == [RunConfig("model:8", "model", 8)]
+    for bad in (["eagle:4"], ["ngram"], ["ngram:0"], ["ngram:x"], ["ngram:4", "ngram:2,4"]):
+        with pytest.raises(ValueError):
+            parse_configs(bad)
+
+
+@pytest.mark.parametrize("kw", [dict(concurrency=()), dict(concurrency=(1, 0)), dict(baseline="ngram:9"),
+                                dict(context_edges=(512, 256)), dict(temperature=-1.0), dict(max_tokens=0),
+                                dict(repeats=0), dict(endpoint_api="grpc")])
+def test_bench_config_rejects_bad_settings(kw):
+    with pytest.raises(ValueError):
+        BenchConfig(**kw)
+
+
+def test_endpoints_become_the_configurations():
+    cfg = BenchConfig(endpoints={"vllm-plain": "http://h:1", "vllm-eagle": "http://h:2"})
+    assert cfg.configs == ("vllm-plain", "vllm-eagle") and cfg.baseline == "vllm-plain"
+
+
+def test_context_buckets():
+    assert [context_bucket(n, (512,)) for n in (0, 511, 512, 9000)] == ["<512", "<512", ">=512", ">=512"]
+    assert [context_bucket(n, (512, 2048)) for n in (5, 600, 2048)] == ["<512", "512-2047", ">=2048"]
+
+
+def test_load_prompts_samples_per_category_with_a_seed(tmp_path):
+    path = write_workload(tmp_path, ["ab", "bc", "cd", "de", "ea", "ab"])
+    cfg = BenchConfig(workload=path, n_per_category=2, seed=1)
+    a, b = load_prompts(cfg), load_prompts(cfg)
+    assert [p.id for p in a] == [p.id for p in b] and len(a) == 4
+    assert sorted(p.category for p in a) == ["even", "even", "odd", "odd"]
+    assert [p.id for p in a] == sorted((p.id for p in a), key=lambda i: int(i[1:]))  # file order kept
+
+
+def test_load_prompts_from_the_shared_data():
+    try:
+        data_dir()
+    except FileNotFoundError:
+        pytest.skip("evaluation data not present")
+    prose = load_prompts(BenchConfig(workload="prose", n_per_category=2))
+    assert sorted({p.category for p in prose}) == ["humanities", "roleplay", "writing"] and len(prose) == 6
+    assert all(len(p.messages) == 1 for p in prose)  # first turn only unless asked for both
+    both = load_prompts(BenchConfig(workload="writing", n_per_category=1, both_turns=True))
+    assert len(both[0].messages) == 2
+    spec = load_prompts(BenchConfig(workload="specbench", n_per_category=1))
+    assert len({p.category for p in spec}) == 13
+    mixed = load_prompts(BenchConfig(workload="editeval,humaneval", n_per_category=3))
+    assert {p.category for p in mixed} == {"editeval", "humaneval"} and len(mixed) == 6
+
+
+# --- protocol ------------------------------------------------------------------------------
+
+def test_plan_interleaves_configurations():
+    order = [(w.repeat, w.concurrency, w.prompts, w.config) for w in plan(3, ["A", "B"], 2, (1, 2))]
+    assert order[:6] == [(0, 1, (0,), "A"), (0, 1, (0,), "B"), (0, 1, (1,), "A"), (0, 1, (1,), "B"),
+                         (0, 1, (2,), "A"), (0, 1, (2,), "B")]
+    assert order[6:10] == [(0, 2, (0, 1), "A"), (0, 2, (0, 1), "B"), (0, 2, (2,), "A"), (0, 2, (2,), "B")]
+    assert len(order) == 2 * (6 + 4) and order[10][0] == 1
+
+
+def test_run_writes_interleaved_records_and_conditions(tmp_path):
+    cfg = config(tmp_path, repeats=2, warmup=2)
+    path = run_bench(cfg, engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+    recs = requests(path)
+    assert len(recs) == 2 * 4 * 3  # warm-up requests are not recorded
+    assert [r["config"] for r in recs[:6]] == ["plain", "ngram:2", "ngram:4"] * 2
+    assert [r["prompt_id"] for r in recs[:6]] == ["p0"] * 3 + ["p1"] * 3
+    assert [r["order"] for r in recs] == list(range(len(recs)))
+    assert len({r["key"] for r in recs}) == len(recs)
+    lines = [json.loads(line) for line in open(path)]
+    assert lines[0]["kind"] == "meta" and lines[0]["conditions"]["max_tokens"] == 12
+    assert lines[1]["kind"] == "session" and "torch" in lines[1]["environment"]["packages"]
+    r = recs[0]
+    assert r["emitted_tokens"] == 12 == len(r["token_ids"]) and r["bucket"] == "<8"
+    assert r["ttft_s"] > 0 and r["e2e_s"] >= r["chunk_times_s"][-1] and r["rss_peak_bytes"] >= r["rss_start_bytes"]
+    assert r["itl_s"] == pytest.approx(np.diff(r["chunk_times_s"]).tolist())
+
+
+class Interrupt:
+    """An engine that raises KeyboardInterrupt on its n-th request, like a Ctrl-C mid-run."""
+
+    def __init__(self, engine, n):
+        self.engine, self.n, self.calls = engine, n, 0
+        self.target, self.tokenizer, self.drafter = engine.target, engine.tokenizer, engine.drafter
+        self.num_draft_tokens = engine.num_draft_tokens
+
+    def stream(self, ids, **kw):
+        self.calls += 1
+        if self.calls == self.n:
+            raise KeyboardInterrupt
+        return self.engine.stream(ids, **kw)
+
+
+def test_interrupted_run_resumes_without_repeating(tmp_path):
+    cfg = config(tmp_path)
+    eng = fake_engines()
+    eng["ngram:4"] = Interrupt(eng["ngram:4"], 4)  # warm-up is call 1: dies on prompt p2
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(cfg, engines=eng, tokenizer=CharTokenizer(), progress=False)
+    first = requests(tmp_path / "out" / REQUESTS)
+    assert len(first) == 8 and first[-1]["config"] == "ngram:2" and first[-1]["prompt_id"] == "p2"
+    path = run_bench(cfg, engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+    recs = requests(path)
+    assert len(recs) == 12 and len({r["key"] for r in recs}) == 12
+    assert recs[:8] == first  # kept as measured
+    assert (recs[8]["prompt_id"], recs[8]["config"]) == ("p2", "ngram:4")
+    assert [r["order"] for r in recs] == list(range(12))
+    run_bench(cfg, engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)  # nothing left to do
+    assert len(requests(path)) == 12
+    more = config(tmp_path, repeats=2)  # a plan may grow: the conditions are the same
+    assert len(requests(run_bench(more, engines=fake_engines(), tokenizer=CharTokenizer(), progress=False))) == 24
+
+
+def test_resume_refuses_other_conditions(tmp_path):
+    run_bench(config(tmp_path), engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+    with pytest.raises(ValueError, match="max_tokens"):
+        run_bench(config(tmp_path, max_tokens=13), engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+
+
+def test_torn_last_line_is_dropped_and_repaired(tmp_path):
+    cfg = config(tmp_path, configs=("plain",))
+    path = run_bench(cfg, engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-1]) + lines[-1][:40])  # killed mid-write
+    assert len(Results.load(path).requests) == 3
+    run_bench(cfg, engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+    assert len(requests(path)) == 4  # the torn request measured again, the file whole
+
+
+def test_configurations_must_share_the_target(tmp_path):
+    eng = fake_engines()
+    eng["ngram:4"] = Engine(CycleRunner(), CharTokenizer(), NgramDrafter(1, 3), 4)
+    with pytest.raises(ValueError, match="share one target"):
+        run_bench(config(tmp_path), engines=eng, tokenizer=CharTokenizer(), progress=False)
+
+
+def test_prompts_that_do_not_fit_are_left_out_for_every_configuration(tmp_path):
+    cfg = config(tmp_path, max_tokens=500)  # CycleRunner holds 512 tokens: with D=4 only prompts of <= 8 tokens fit
+    path = run_bench(cfg, engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+    assert {r["prompt_id"] for r in requests(path)} == {"p0", "p3"}
+    session = [json.loads(x) for x in open(path)][1]
+    assert session["skipped_prompts"] == ["p1", "p2"]
+
+
+def test_sequential_concurrency_is_marked_and_queued(tmp_path):
+    cfg = config(tmp_path, concurrency=(1, 2), configs=("plain", "ngram:4"))
+    path = run_bench(cfg, engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+    recs = requests(path)
+    c1, c2 = [r for r in recs if r["concurrency"] == 1], [r for r in recs if r["concurrency"] == 2]
+    assert not any(r["sequential"] for r in c1) and all(r["sequential"] for r in c2)
+    second = [r for r in c2 if r["prompt_id"] == "p1" and r["config"] == "plain"][0]
+    first = [r for r in c2 if r["prompt_id"] == "p0" and r["config"] == "plain"][0]
+    assert second["queue_s"] >= first["e2e_s"]  # waited for the first request of its group
+    s = summarise(path)
+    assert all(r.sequential for r in s.rows if r.concurrency == 2)
+
+
+def test_kv_bytes_are_probed_when_the_runner_reports_them(tmp_path):
+    class KvRunner(CycleRunner):
+        def kv_bytes(self):
+            return 100 * sum(len(s) for s in self.seqs.values())
+
+    path = run_bench(config(tmp_path, configs=("plain",)), engines=fake_engines(KvRunner()),
+                     tokenizer=CharTokenizer(), progress=False)
+    r = requests(path)[0]  # 7 prompt tokens + 12 emitted; the KV holds all but the last
+    assert r["kv_peak_bytes"] == 100 * (7 + 12 - 2) and r["probe_s"] > 0
+    assert 0 < summarise(path).rows[0].probe_share < 1
+
+
+# --- statistics ----------------------------------------------------------------------------
+
+def test_percentiles_interpolate_linearly():
+    v = list(range(1, 101))
+    assert percentile(v, 50) == 50.5 and percentile(v, 95) == pytest.approx(95.05)
+    assert percentile(v, 99) == pytest.approx(99.01) and percentile([4, 1, 3, 2], 50) == 2.5
+    assert percentile([], 50) is None
+    lat = Latency.of([0.3, None, 0.1, 0.2])
+    assert (lat.n, lat.mean, lat.p50) == (3, pytest.approx(0.2), pytest.approx(0.2))
+
+
+def test_timing_fields():
+    t = timing_fields([0.5, 0.7, 1.2], 1.3)
+    assert t["ttft_s"] == 0.5 and t["itl_s"] == pytest.approx([0.2, 0.5]) and t["e2e_s"] == 1.3
+    assert timing_fields([], 0.1)["ttft_s"] is None
+
+
+def test_bootstrap_speedup_is_a_ratio_of_sums():
+    # base: 1 s and 3 s for 1 token each; cfg: 1 s each -> (4/2) / (2/2) = 2, not mean(1, 3) = 2 by luck:
+    point, lo, hi = bootstrap_ratio([1, 3, 2], [1, 1, 2], [1, 1, 1], [1, 1, 2])
+    assert point == pytest.approx((6 / 4) / (3 / 4))
+    assert lo <= point <= hi
+
+
+def test_bootstrap_interval_exact_when_every_prompt_agrees():
+    point, lo, hi = bootstrap_ratio([2.0] * 10, [10] * 10, [1.0] * 10, [10] * 10)
+    assert point == lo == hi == pytest.approx(2.0)
+
+
+def test_bootstrap_interval_holds_1_for_noise_and_not_for_a_real_difference():
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.5, 1.5, 40)
+    noise = base * rng.uniform(0.8, 1.25, 40)  # no systematic difference
+    _, lo, hi = bootstrap_ratio(base, [1] * 40, noise, [1] * 40)
+    assert lo < 1.0 < hi
+    _, lo, hi = bootstrap_ratio(base, [1] * 40, base / 1.5 * rng.uniform(0.9, 1.1, 40), [1] * 40)
+    assert 1.0 < lo < 1.5 < hi
+
+
+def test_bootstrap_interval_narrows_as_prompts_grow():
+    rng = np.random.default_rng(1)
+    widths = []
+    for n in (10, 100, 1000):
+        base = rng.uniform(0.5, 1.5, n)
+        _, lo, hi = bootstrap_ratio(base, [1] * n, base / 1.3 * rng.uniform(0.7, 1.3, n), [1] * n)
+        widths.append(hi - lo)
+    assert widths[0] > 2 * widths[1] > 4 * widths[2]
+
+
+def test_one_prompt_has_no_interval():
+    assert bootstrap_ratio([2.0], [4], [1.0], [4]) == (2.0, None, None)
+
+
+def test_break_even_interpolates_the_first_crossing():
+    assert break_even([(1, 2.0), (2, 1.5), (4, 0.5), (8, 0.4)]) == pytest.approx(3.0)
+    assert break_even([(4, 0.5), (1, 1.2), (2, 1.1)]) == pytest.approx(2 + 0.1 * 2 / 0.6)
+    assert break_even([(1, 2.0), (8, 1.1)]) is None
+    assert draft_length("ngram:8") == ("ngram", 8) and draft_length("plain") is None
+
+
+def test_summary_metrics_per_configuration_category_and_bucket(tmp_path):
+    path = run_bench(config(tmp_path, repeats=2), engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+    s = summarise(path, n_boot=200)
+    scopes = {r.scope for r in s.rows}
+    assert scopes == {"all", "category:even", "category:odd", "bucket:<8", "bucket:>=8"}
+    rows = {r.config: r for r in s.rows if r.scope == "all"}
+    assert set(rows) == {"plain", "ngram:2", "ngram:4"}
+    plain, ng = rows["plain"], rows["ngram:4"]
+    assert plain.requests == 8 and plain.prompts == 4 and plain.emitted_tokens == 8 * 12
+    assert plain.acceptance_rate is None and ng.acceptance_rate == 1.0  # the cycle is always right
+    assert 1 <= ng.acceptance_length <= 5 and ng.per_position_acceptance == [1.0] * 4
+    assert ng.speedup is not None and ng.speedup_lo <= ng.speedup <= ng.speedup_hi
+    assert plain.speedup == 1.0 and plain.speedup_lo is None
+    assert plain.e2e.n == 8 and plain.itl.n == 8 * 11 and plain.ms_per_token > 0
+    assert plain.e2e.p50 <= plain.e2e.p95 <= plain.e2e.p99
+    assert ng.step_ms["draft"] > 10 * plain.step_ms["draft"]  # plain times only an empty propose
+    assert len(plain.cdf["e2e_s"]) == 101 and s.checked == 8 * 2 + 4 and not s.mismatches
+    jpath, cpath = s.save(tmp_path / "sum")
+    assert json.loads(jpath.read_text())["rows"][0]["config"] == "plain"
+    lines = cpath.read_text().splitlines()
+    assert lines[0].startswith("scope,config,concurrency") and len(lines) == 1 + len(s.rows)
+    table = s.table()
+    assert "1 (baseline)" in table and "ngram:4" in table
+
+
+# --- output check --------------------------------------------------------------------------
+
+class SevenDrafter:
+    name, max_context = "seven", None
+
+    def propose(self, key, ctx, n, params, gen):
+        return Proposal([7] * n)
+
+    def release(self, key):
+        pass
+
+
+class AcceptAll(Engine):
+    """A broken engine: keeps every draft token, so its output leaves the target's."""
+
+    def _verify(self, logits, prop, params, gen):
+        d = len(prop.tokens)
+        return VerifyResult(prop.tokens + [int(logits[d].argmax())], d, d)
+
+
+def test_mismatches_are_counted_and_shown_first(tmp_path):
+    eng = fake_engines(extra={"ngram:2": lambda r, t: AcceptAll(r, t, SevenDrafter(), 2)})
+    path = run_bench(config(tmp_path), engines=eng, tokenizer=CharTokenizer(), progress=False)
+    s = summarise(path)
+    bad = [m for m in s.mismatches]
+    assert len(bad) == 4 and {m.config for m in bad} == {"ngram:2"}  # every prompt, only the broken one
+    m = bad[0]
+    assert (m.unit, m.position, m.other) == ("token", 1, 7)  # the first token comes from prefill
+    assert m.margin_single == pytest.approx(8.0) and m.margin_batched == pytest.approx(8.0)  # CycleRunner's
+    assert {r.config: r.mismatches for r in s.rows if r.scope == "all"} == {"plain": 0, "ngram:2": 4, "ngram:4": 0}
+    page = write_report(s, tmp_path / "report.html").read_text()
+    assert page.index("Output check") < page.index("<h2>Results")
+    assert "4 of 8 outputs DIFFER" in page
+
+
+def test_baseline_nondeterminism_is_a_mismatch_too():
+    recs = [{"key": str(i), "prompt_id": "p", "config": "plain", "repeat": i, "concurrency": 1, "order": i,
+             "token_ids": ids} for i, ids in enumerate([[1, 2, 3], [1, 2, 3], [1, 2, 4]])]
+    mism, checked = find_mismatches(recs, "plain")
+    assert checked == 2 and [(m.repeat, m.position, m.baseline, m.other) for m in mism] == [(2, 2, 3, 4)]
+
+
+def test_text_outputs_are_compared_by_character():
+    recs = [{"key": "a", "prompt_id": "p", "config": "plain", "repeat": 0, "concurrency": 1, "text": "hello"},
+            {"key": "b", "prompt_id": "p", "config": "srv", "repeat": 0, "concurrency": 1, "text": "help"}]
+    mism, _ = find_mismatches(recs, "plain")
+    assert [(m.unit, m.position, m.baseline, m.other) for m in mism] == [("char", 3, "l", "p")]
+
+
+def test_sampling_runs_skip_the_check(tmp_path):
+    path = run_bench(config(tmp_path, temperature=0.8, configs=("plain", "ngram:4")), engines=fake_engines(),
+                     tokenizer=CharTokenizer(), progress=False)
+    s = summarise(path)
+    assert s.checked is None and s.mismatches == []
+    assert "not done" in write_report(s, tmp_path / "r.html").read_text()
+
+
+def test_report_embeds_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = run_bench(config(tmp_path, concurrency=(1, 2)), engines=fake_engines(), tokenizer=CharTokenizer(),
+                     progress=False)
+    page = write_report(summarise(path), tmp_path / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 5  # speedup vs D, CDFs, per position, time split, concurrency
+    assert "src=\"http" not in page  # self-contained
+
+
+# --- command line --------------------------------------------------------------------------
+
+def test_cli_bench_report_only(tmp_path, capsys):
+    from draftwise import cli
+
+    if not hasattr(cli, "cmd_bench"):
+        pytest.skip("draftwise.cli has no bench subcommand yet")
+    out = tmp_path / "out"
+    run_bench(config(tmp_path), engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+    assert cli.main(["bench", "--report-only", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("output check: all 8 outputs identical") and "ngram:4" in text
+    assert all((out / f).is_file() for f in ("summary.json", "summary.csv", "report.html"))
+    assert cli._endpoints(["http://a:1/v1", "eagle=http://b:2", "http://c/x?a=b"]) == \
+        {"endpoint": "http://a:1/v1", "eagle": "http://b:2", "endpoint3": "http://c/x?a=b"}
+    assert cli.main(["bench", "--configs", "plain", "eagle:4", "--out", str(out)]) == 2  # one clear error line

@@ -1,0 +1,229 @@
+"""The server client against a tiny local OpenAI-style server: SSE streaming, TTFT/ITL from chunk
+arrival, usage, Prometheus spec-decode counters mapped to draftwise's words, real concurrency."""
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from draftwise.bench import BenchConfig, run_bench, summarise, write_report
+from draftwise.bench.endpoint import EndpointTarget, iter_sse, parse_prometheus, server_stats, spec_counters
+from draftwise.prompts import Prompt
+from draftwise.stats import SpecStats
+from fakes import CharTokenizer
+
+GAP = 0.03  # seconds between streamed chunks
+METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {d}
+vllm:spec_decode_num_drafts_created{{engine="0",model_name="m"}} 1.7e9
+vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {t}
+vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {a}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="0"}} {p0}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="1"}} {p1}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="2"}} 0.0
+vllm:num_requests_running{{engine="0",model_name="m"}} 0.0
+"""
+
+
+class FakeServer:
+    """Streams PIECES for each request; each request adds 3 drafts of 3 tokens, 4 accepted (3 at
+    position 0, 1 at position 1) to its counters. `usage` off: no usage chunk; `spec` off: no counters."""
+
+    PIECES = ["Hel", "lo", " wor", "ld"]
+
+    def __init__(self, usage=True, spec=True, text=None):
+        self.usage, self.spec, self.text = usage, spec, text
+        self.bodies, self.requests, self.in_flight, self.max_in_flight = [], 0, 0, 0
+        self.lock = threading.Lock()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def _handler(self):
+        srv = self
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code, body, ctype="application/json"):
+                data = body.encode()
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path == "/v1/models":
+                    self._send(200, json.dumps({"data": [{"id": "fake-model"}]}))
+                elif self.path == "/metrics":
+                    n = srv.requests
+                    text = METRICS.format(d=3 * n, t=9 * n, a=4 * n, p0=3 * n, p1=n) if srv.spec else "up 1\n"
+                    self._send(200, text, "text/plain")
+                else:
+                    self._send(404, "{}")
+
+            def _chunk(self, obj):
+                data = f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n".encode()
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if body.get("max_tokens", 0) > 1000:
+                    return self._send(400, json.dumps({"error": "max_tokens too large"}))
+                with srv.lock:
+                    srv.bodies.append((self.path, body))
+                    srv.in_flight += 1
+                    srv.max_in_flight = max(srv.max_in_flight, srv.in_flight)
+                chat = self.path.endswith("/chat/completions")
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                self.wfile.write(b"3\r\n: \n\r\n")  # an SSE comment line
+                pieces = srv.text(body) if srv.text else srv.PIECES
+                for i, piece in enumerate(pieces):
+                    time.sleep(GAP)
+                    last = i == len(pieces) - 1
+                    choice = {"index": 0, "finish_reason": "length" if last else None}
+                    choice.update({"delta": {"content": piece}} if chat else {"text": piece})
+                    self._chunk({"id": "x", "choices": [choice]})
+                with srv.lock:  # counted before the stream ends, so /metrics read afterwards has it
+                    srv.requests += 1
+                if srv.usage:
+                    self._chunk({"id": "x", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 7}})
+                self._chunk("[DONE]")
+                self.wfile.write(b"0\r\n\r\n")
+                with srv.lock:
+                    srv.in_flight -= 1
+
+        return H
+
+
+@pytest.fixture
+def server():
+    s = FakeServer()
+    yield s
+    s.close()
+
+
+KW = {"max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 3}
+PROMPT = Prompt("p0", "c", text="abc")
+
+
+def test_prometheus_parsing_and_vllm_counters():
+    text = METRICS.format(d=6, t=18, a=8, p0=6, p1=2) + METRICS.format(d=4, t=12, a=3, p0=2, p1=1).replace(
+        'engine="0"', 'engine="1"')
+    samples = parse_prometheus(text)
+    assert ("vllm:num_requests_running", {"engine": "0", "model_name": "m"}, 0.0) in samples
+    c = spec_counters(text)  # summed over engines; the _created timestamps ignored
+    assert (c["drafts"], c["draft_tokens"], c["accepted"]) == (10, 30, 11)
+    assert c["per_pos"] == {0: 8, 1: 3, 2: 0}
+    assert spec_counters("up 1\n") is None
+    assert parse_prometheus('x{a="q\\"uote"} 2 1700000000\n') == [("x", {"a": 'q"uote'}, 2.0)]
+
+
+def test_counter_deltas_in_draftwise_words():
+    before = spec_counters(METRICS.format(d=6, t=18, a=8, p0=6, p1=2))
+    after = spec_counters(METRICS.format(d=10, t=30, a=15, p0=10, p1=5))
+    fields = server_stats(before, after, emitted_tokens=40)
+    st = SpecStats(**fields)
+    assert st.verification_rounds == 4 and st.proposed_tokens == 12 and st.accepted_draft_tokens == 7
+    assert st.acceptance_rate == pytest.approx(7 / 12)
+    assert st.acceptance_length == pytest.approx(1 + 7 / 4)  # each round also emits a recovered or bonus token
+    assert st.proposed_per_position == [4, 4, 4] and st.per_position_acceptance == [1.0, 0.75, 0.0]
+    assert server_stats(None, after, 1) is None
+
+
+def test_iter_sse_joins_multiline_data_and_stops_at_done():
+    lines = [b": comment\n", b"data: {\"a\":\n", b"data: 1}\n", b"\n", b"event: x\n", b"data:2\n", b"\n",
+             b"data: [DONE]\n", b"\n", b"data: 3\n", b"\n"]
+    assert list(iter_sse(iter(lines))) == ['{"a":\n1}', "2"]
+
+
+def test_streaming_request_times_chunks_as_they_arrive(server):
+    t = EndpointTarget(server.url)
+    assert t.model == "fake-model"  # the server's first model
+    r = t.run_one(PROMPT, [0, 1, 2], KW)
+    assert r["text"] == "Hello world" and r["finish_reason"] == "length"
+    assert r["emitted_tokens"] == 7 and r["tokens_from"] == "usage" and r["prompt_tokens"] == 5
+    assert r["ttft_s"] >= GAP and len(r["itl_s"]) == 3
+    assert all(g >= 0.8 * GAP for g in r["itl_s"]) and r["e2e_s"] >= r["chunk_times_s"][-1]
+    path, body = server.bodies[0]
+    assert path == "/v1/completions" and body["prompt"] == [0, 1, 2] and body["stream"] is True
+    assert body["max_tokens"] == 8 and body["seed"] == 3 and "top_k" not in body
+    assert body["stream_options"] == {"include_usage": True}
+
+
+def test_without_usage_tokens_are_counted_by_chunk():
+    s = FakeServer(usage=False)
+    try:
+        r = EndpointTarget(s.url, model="m").run_one(PROMPT, [0], KW)
+        assert r["emitted_tokens"] == 4 and r["tokens_from"] == "chunks"
+    finally:
+        s.close()
+
+
+def test_chat_api_opens_the_assistant_turn(server):
+    p = Prompt("e", "editeval", messages=({"role": "user", "content": "fix"},), assistant_prefix="```python\n")
+    r = EndpointTarget(server.url, api="chat").run_one(p, [1], {**KW, "top_k": 5})
+    assert r["text"] == "Hello world"
+    path, body = server.bodies[-1]
+    assert path == "/v1/chat/completions" and body["top_k"] == 5
+    assert body["messages"][-1] == {"role": "assistant", "content": "```python\n"}
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+
+
+def test_http_errors_are_raised(server):
+    with pytest.raises(RuntimeError, match="HTTP 400"):
+        EndpointTarget(server.url).run_one(PROMPT, [0], {**KW, "max_tokens": 5000})
+    with pytest.raises(ValueError):
+        EndpointTarget("ftp://x")
+    port = server.httpd.server_address[1]
+    server.close()
+    with pytest.raises(ValueError, match="not reachable"):
+        EndpointTarget(f"http://127.0.0.1:{port}")
+
+
+def test_bench_against_two_servers(tmp_path, server):
+    plain = FakeServer(spec=False, text=lambda b: ["Hel", "lo", " wor", "ld"] if b["prompt"] != [1, 2] else ["Help"])
+    try:
+        wl = tmp_path / "w.jsonl"
+        wl.write_text("".join(json.dumps({"id": f"p{i}", "category": "c", "prompt": t}) + "\n"
+                              for i, t in enumerate(["abc", "bc", "cde"])))
+        cfg = BenchConfig(target="fake", workload=str(wl), n_per_category=None, max_tokens=8, warmup=0,
+                          concurrency=(1, 2), out_dir=str(tmp_path / "out"),
+                          endpoints={"plain": plain.url, "spec": server.url})
+        path = run_bench(cfg, tokenizer=CharTokenizer(), progress=False)
+        assert server.max_in_flight == 2  # concurrency 2 is real against a server
+        lines = [json.loads(x) for x in open(path)]
+        recs = [x for x in lines if x["kind"] == "request"]
+        assert len(recs) == 2 * (3 + 3) and not any(r["sequential"] for r in recs)
+        assert [r["config"] for r in recs[:4]] == ["plain", "spec"] * 2
+        srv = [x for x in lines if x["kind"] == "server"]
+        assert {x["config"] for x in srv} == {"spec"} and len(srv) == 3 + 2  # counters only where exposed
+        s = summarise(path)
+        assert s.checked == 6 + 3  # each spec output, and the baseline's outputs at concurrency 2 vs its first
+        rows = {(r.config, r.concurrency): r for r in s.rows if r.scope == "all"}
+        spec = rows[("spec", 1)]
+        assert spec.acceptance_rate == pytest.approx(4 / 9) and spec.acceptance_length == pytest.approx(1 + 4 / 3)
+        assert spec.per_position_acceptance == pytest.approx([1.0, 1 / 3, 0.0])
+        assert rows[("plain", 1)].acceptance_rate is None and spec.speedup is not None
+        assert not rows[("spec", 2)].sequential
+        # the plain server answered p1 differently: the check finds it by text, at each concurrency
+        assert [(m.prompt_id, m.config, m.unit, m.position) for m in s.mismatches] == \
+            [("p1", "spec", "char", 3), ("p1", "spec", "char", 3)]
+        page = write_report(s, tmp_path / "report.html").read_text()
+        assert "2 of 9 outputs DIFFER" in page and "http://127.0.0.1" in page  # the servers, in the conditions
+    finally:
+        plain.close()
