@@ -135,6 +135,92 @@ def cmd_verify(a) -> int:
     return 0 if rep.verdict == "PASS" else 1
 
 
+def _bench_args(b: argparse.ArgumentParser) -> None:
+    from draftwise.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    b.add_argument("--target", default=DEFAULT_TARGET)
+    b.add_argument("--draft-model", default=DEFAULT_DRAFT, help="for model:D configurations")
+    b.add_argument("--backend", choices=("torch", "llama.cpp"), default=None)
+    b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--max-context", type=int, default=None)
+    b.add_argument("--ngram-min", type=int, default=2)
+    b.add_argument("--ngram-max", type=int, default=4)
+    b.add_argument("--n-batch", type=int, default=None, help="llama.cpp: tokens per decode call (default 512)")
+    b.add_argument("--fast-kernels", action="store_true", help="llama.cpp: repacked-weight kernels, faster but "
+                   "not batch-invariant: greedy output may differ from plain at near-ties")
+    b.add_argument("--configs", nargs="+", default=["plain", "ngram:4", "model:4"],
+                   help="plain, ngram:D, model:D; a comma list of D sweeps it (ngram:2,4,8)")
+    b.add_argument("--baseline", default="plain")
+    b.add_argument("--workload", default="editeval", help="editeval | humaneval | specbench | mtbench | prose | "
+                   "a Spec-Bench category | a .jsonl file; comma-separated to combine")
+    b.add_argument("--n", type=int, default=5, help="prompts per category, drawn with --seed (0: all)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--both-turns", action="store_true", help="Spec-Bench MT-bench rows: both user turns")
+    b.add_argument("--max-tokens", type=int, default=128)
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--top-p", type=float, default=1.0)
+    b.add_argument("--top-k", type=int, default=0)
+    b.add_argument("--sample-seed", type=int, default=0)
+    b.add_argument("--repeats", type=int, default=1)
+    b.add_argument("--warmup", type=int, default=1, help="unmeasured requests per configuration")
+    b.add_argument("--concurrency", type=int, nargs="+", default=[1], help="requests in flight, e.g. 1 2 4 8")
+    b.add_argument("--context-edges", type=int, nargs="*", default=[512], help="prompt-length bucket edges (tokens)")
+    b.add_argument("--out", default="results/bench", help="results directory (a rerun resumes it)")
+    b.add_argument("--endpoint", action="append", default=None, metavar="[NAME=]URL",
+                   help="measure an OpenAI-compatible server instead (repeatable; the baseline is the one "
+                   "named by --baseline, else the first)")
+    b.add_argument("--endpoint-model", default=None, help="default: the server's first model")
+    b.add_argument("--endpoint-api", choices=("tokens", "chat"), default="tokens")
+    b.add_argument("--no-metrics", action="store_true", help="do not read the server's /metrics")
+    b.add_argument("--no-margins", action="store_true", help="skip the top-2 margins at output divergences")
+    b.add_argument("--no-progress", action="store_true")
+    b.add_argument("--report-only", action="store_true", help="summarise and report --out without running")
+
+
+def _endpoints(values: list[str] | None) -> dict[str, str]:
+    """--endpoint URL or NAME=URL, repeatable; unnamed ones become endpoint, endpoint2, ..."""
+    out: dict[str, str] = {}
+    for i, v in enumerate(values or []):
+        name, sep, url = v.partition("=")
+        if not sep or "/" in name or ":" in name:
+            name, url = ("endpoint" if i == 0 else f"endpoint{i + 1}"), v
+        out[name] = url
+    return out
+
+
+def cmd_bench(a) -> int:
+    from pathlib import Path
+
+    from draftwise.bench import BenchConfig, run_bench, summarise, write_report
+    from draftwise.bench.report import check_text, conditions_text
+
+    cfg = BenchConfig(target=a.target, draft_model=a.draft_model, backend=a.backend, threads=a.threads,
+                      max_context=a.max_context, ngram_min=a.ngram_min, ngram_max=a.ngram_max,
+                      n_batch=a.n_batch, fast_kernels=a.fast_kernels,
+                      max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+                      sample_seed=a.sample_seed, configs=tuple(a.configs), baseline=a.baseline,
+                      workload=a.workload, n_per_category=a.n or None, seed=a.seed, both_turns=a.both_turns,
+                      context_edges=tuple(a.context_edges), repeats=a.repeats, warmup=a.warmup,
+                      concurrency=tuple(a.concurrency), margins=not a.no_margins, out_dir=a.out,
+                      endpoints=_endpoints(a.endpoint), endpoint_model=a.endpoint_model,
+                      endpoint_api=a.endpoint_api, metrics=not a.no_metrics)
+    if not a.report_only:
+        try:
+            run_bench(cfg, progress=not a.no_progress)
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: what was measured is in {a.out}; rerun the same command to resume",
+                  file=sys.stderr)
+            return 130
+    summary = summarise(cfg.out_dir)
+    json_path, csv_path = summary.save(cfg.out_dir)
+    html_path = write_report(summary, Path(cfg.out_dir) / "report.html")
+    print(check_text(summary))  # first, before any speed figure
+    print(conditions_text(summary))
+    print(summary.table())
+    print(f"results {Path(cfg.out_dir) / 'requests.jsonl'}; summary {json_path}, {csv_path}; report {html_path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="draftwise", description="Exact, measured speculative decoding")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -187,6 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=None, help="save the curve as JSON")
     p.set_defaults(fn=cmd_profile)
+
+    b = sub.add_parser("bench", help="measure plain decoding against speculative configurations, or servers")
+    _bench_args(b)
+    b.set_defaults(fn=cmd_bench)
     return ap
 
 

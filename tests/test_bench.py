@@ -189,6 +189,27 @@ def test_configurations_must_share_the_target(tmp_path):
         run_bench(config(tmp_path), engines=eng, tokenizer=CharTokenizer(), progress=False)
 
 
+def test_build_engines_loads_target_and_draft_once(monkeypatch):
+    import draftwise.build
+    from draftwise.bench.engines import build_engines
+
+    loads = []
+
+    def fake_load(spec, backend, threads, max_context, **kw):
+        loads.append((spec, backend, threads))
+        return CycleRunner(), CharTokenizer()
+
+    monkeypatch.setattr(draftwise.build, "load_runner", fake_load)
+    cfg = BenchConfig(target="t", draft_model="d", backend="torch", threads=3,
+                      configs=("plain", "ngram:4", "model:2,4"))
+    eng = build_engines(cfg)
+    assert loads == [("t", "torch", 3), ("d", "torch", 3)]
+    assert len({id(e.target) for e in eng.values()}) == 1 and eng["plain"].drafter is None
+    assert eng["model:2"].drafter is not eng["model:4"].drafter  # own request state each...
+    assert eng["model:2"].drafter.runner is eng["model:4"].drafter.runner  # ...over one draft model
+    assert (eng["ngram:4"].num_draft_tokens, eng["model:4"].num_draft_tokens) == (4, 4)
+
+
 def test_prompts_that_do_not_fit_are_left_out_for_every_configuration(tmp_path):
     cfg = config(tmp_path, max_tokens=500)  # CycleRunner holds 512 tokens: with D=4 only prompts of <= 8 tokens fit
     path = run_bench(cfg, engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)

@@ -61,6 +61,8 @@ class BenchConfig:
     max_context: int | None = None
     ngram_min: int = 2
     ngram_max: int = 4
+    n_batch: int | None = None  # llama.cpp: tokens per decode call (None: its default)
+    fast_kernels: bool = False  # llama.cpp: faster repacked kernels, not batch-invariant (see build.py)
     max_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
@@ -95,6 +97,8 @@ class BenchConfig:
                 raise ValueError(f"{k} must be >= 1, got {v}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.n_batch is not None and self.n_batch < 1:
+            raise ValueError(f"n_batch must be >= 1, got {self.n_batch}")
         if self.n_per_category is not None and self.n_per_category < 1:
             raise ValueError(f"n_per_category must be >= 1, got {self.n_per_category}")
         if not self.concurrency or any(c < 1 for c in self.concurrency):

@@ -32,23 +32,24 @@ def build_targets(cfg: BenchConfig, engines: dict[str, Engine] | None = None, to
 
 
 def build_engines(cfg: BenchConfig) -> dict[str, Engine]:
-    """Load the target once, and the draft model once if any configuration drafts with it."""
-    from draftwise.build import check_vocabularies
+    """Load the target once, and the draft model once if any configuration drafts with it; loading
+    goes through build.build_engine, so backends, kernels and the vocabulary check are the CLI's."""
+    from draftwise.build import EngineSpec, build_engine
     from draftwise.drafters.model import ModelDrafter
     from draftwise.drafters.ngram import NgramDrafter
-    from draftwise.models.load import default_backend, load_runner
 
-    backend = cfg.backend or default_backend(cfg.target)
-    runner, tok = load_runner(cfg.target, backend, cfg.threads, cfg.max_context)
+    spec = EngineSpec(cfg.target, "none", cfg.draft_model, 0, cfg.backend, None, cfg.threads, cfg.max_context,
+                      cfg.ngram_min, cfg.ngram_max, cfg.n_batch, cfg.fast_kernels)
+    plain, runner, tok = build_engine(spec)
     run_cfgs = cfg.run_configs()
     draft_runner = None
     if any(c.drafter == "model" for c in run_cfgs):
-        draft_runner, d_tok = load_runner(cfg.draft_model, backend, cfg.threads, cfg.max_context)
-        check_vocabularies(tok, d_tok, cfg.target, cfg.draft_model)
+        spec.drafter = "model"
+        draft_runner = build_engine(spec, target=(runner, tok))[0].drafter.runner
     out = {}
     for c in run_cfgs:
         if c.drafter == "none":
-            out[c.name] = Engine(runner, tok)
+            out[c.name] = plain
         elif c.drafter == "ngram":
             out[c.name] = Engine(runner, tok, NgramDrafter(cfg.ngram_min, cfg.ngram_max), c.num_draft_tokens)
         else:  # one ModelDrafter per engine (its own request state) over the one draft runner
