@@ -150,6 +150,13 @@ class Engine:
             self._close(seq, key, prompt_ids, prompt_logits if done else None)
         yield chunk
 
+    def release(self) -> None:
+        """Free the prompt state kept by `reuse_prefix` (target and drafter sequences)."""
+        if self._prefix is not None:
+            ids, seq, key, _ = self._prefix
+            self._prefix = None
+            self._close(seq, key, ids, None)
+
     def _open(self, prompt_ids: list[int]) -> tuple[int, int, torch.Tensor]:
         if self._prefix is not None:
             ids, seq, key, logits = self._prefix

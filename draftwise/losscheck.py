@@ -138,6 +138,7 @@ def _draw(engine: Engine, ids: list[int], m: int, seeds: range, kw: dict) -> tup
         r = engine.generate(ids, max_tokens=m, seed=s, **kw)
         outs.append(r.token_ids + [ENDED] * (m - len(r.token_ids)))
         rounds.append(r.rounds)
+    engine.release()  # the kept prompt state: several engines may share one runner
     return outs, rounds
 
 

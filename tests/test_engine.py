@@ -119,3 +119,12 @@ def test_round_trace_positions():
     _, _, r = run(NgramDrafter(1, 3), 4, max_tokens=12)
     assert r.rounds[0] == (1, 4, 4)  # after the prefill token, 4 proposed, 4 accepted
     assert sum(a + 1 for _, _, a in r.rounds) + r.stats.plain_steps >= r.stats.emitted_tokens
+
+
+def test_release_frees_the_kept_prompt():
+    runner = CycleRunner()
+    eng = Engine(runner, CharTokenizer(), NgramDrafter(1, 3), 4, reuse_prefix=True)
+    eng.generate(PROMPT, max_tokens=4)
+    assert len(runner.seqs) == 1
+    eng.release()
+    assert runner.seqs == {}

@@ -1,9 +1,15 @@
 """`draftwise verify` on real models (llama.cpp): the real acceptance rule passes, a known bug
 (resampling from p instead of the residual after a rejection) is flagged, and each check had at
 least the rejections its power calculation needs (otherwise it would have tested nothing)."""
+import os
+
 import pytest
 
 pytest.importorskip("llama_cpp")
+# Minutes of sampling per check on this CPU (the Qwen pair: ~5 min per setting), and the settings
+# below have not yet been shown to give every check enough rejections and power: opt-in for now.
+pytestmark = pytest.mark.skipif(os.environ.get("DRAFTWISE_LOSSLESS_REAL") != "1",
+                                reason="set DRAFTWISE_LOSSLESS_REAL=1 (slow; see docs/verify.md)")
 
 from draftwise.drafters.model import ModelDrafter  # noqa: E402
 from draftwise.drafters.ngram import NgramDrafter  # noqa: E402

