@@ -19,14 +19,13 @@ import time
 from pathlib import Path
 
 import llama_cpp
-import numpy as np
 
-from draftwise.compare import divergence_report
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
 from draftwise.models.load import load_runner
 from draftwise.models.registry import resolve
+from divergences import append_divergences  # benchmarks/divergences.py
 from draftwise.prompts import edit_eval, spec_bench
 
 
@@ -104,19 +103,7 @@ def main() -> None:
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             print(f"{p.id:16} {name:14} {len(row['tokens']):4d} tok {len(row['tokens']) / row['seconds']:6.2f} tok/s", flush=True)
-    rows = [json.loads(line) for line in out.open()]
-    base = {r["prompt_id"]: r["tokens"] for r in rows if r["config"] == "dw_plain"}
-    seen = {(r["prompt_id"], r["config"]) for r in rows}
-    by_id = {p.id: p for p in prompts}
-    with out.open("a") as f:
-        for r in rows:
-            if r["config"].startswith("divergence") or r["config"] == "dw_plain" or r["prompt_id"] not in base:
-                continue
-            if (r["prompt_id"], f"divergence:{r['config']}") in seen or r["prompt_id"] not in by_id:
-                continue
-            div = divergence_report(target, by_id[r["prompt_id"]].token_ids(tok), base[r["prompt_id"]], r["tokens"])
-            f.write(json.dumps({"prompt_id": r["prompt_id"], "config": f"divergence:{r['config']}",
-                                "divergence": div.to_dict() if div else None}) + "\n")
+    append_divergences(out, target, tok, {p.id: p for p in prompts})
 
 
 if __name__ == "__main__":

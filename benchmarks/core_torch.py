@@ -6,7 +6,7 @@ transformers generate() plain, draftwise plain, draftwise speculative, transform
 a time, so an interrupted run resumes where it stopped.
 
     .venv/bin/python benchmarks/core_torch.py --out results/core_torch.jsonl
-    .venv/bin/python benchmarks/core_torch.py --out results/core_torch.jsonl --report docs/results_core_torch.md
+    .venv/bin/python benchmarks/report_core.py results/core_torch.jsonl
 """
 from __future__ import annotations
 
@@ -18,13 +18,12 @@ from pathlib import Path
 
 import torch
 
-from draftwise.compare import divergence_report
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
 from draftwise.models.load import load_torch
+from divergences import append_divergences  # benchmarks/divergences.py
 from draftwise.prompts import edit_eval, humaneval
-from draftwise.stats import SpecStats
 
 
 def hf_generate(model, tok, ids, max_new, **kw) -> tuple[list[int], float]:
@@ -72,7 +71,6 @@ def main() -> None:
     plain.generate(ids0, max_tokens=4)
     for prompt, configs in plan:
         ids = prompt.token_ids(tok)
-        plain_ids = None
         for name, how in configs:
             if (prompt.id, name) in done:
                 continue
@@ -87,19 +85,7 @@ def main() -> None:
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             print(f"{prompt.id:14} {name:22} {len(row['tokens']):4d} tok {len(row['tokens']) / row['seconds']:6.2f} tok/s", flush=True)
-    # divergences against draftwise plain, with margins, appended once
-    rows = [json.loads(line) for line in out.open()]
-    base = {r["prompt_id"]: r["tokens"] for r in rows if r["config"] == "dw_plain"}
-    prompts = {p.id: p for p, _ in plan}
-    with out.open("a") as f:
-        for r in rows:
-            if r["config"].startswith("divergence") or r["config"] == "dw_plain" or r["prompt_id"] not in base:
-                continue
-            if any(x["config"] == f"divergence:{r['config']}" and x["prompt_id"] == r["prompt_id"] for x in rows):
-                continue
-            div = divergence_report(target, prompts[r["prompt_id"]].token_ids(tok), base[r["prompt_id"]], r["tokens"])
-            f.write(json.dumps({"prompt_id": r["prompt_id"], "config": f"divergence:{r['config']}",
-                                "divergence": div.to_dict() if div else None}) + "\n")
+    append_divergences(out, target, tok, {p.id: p for p, _ in plan})
 
 
 if __name__ == "__main__":

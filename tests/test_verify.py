@@ -85,7 +85,6 @@ class _Chain:
     """A toy target and drafter: next-token distributions that depend on the previous token."""
 
     def __init__(self, vocab, seed):
-        g = torch.Generator().manual_seed(seed)
         self.p = torch.distributions.Dirichlet(torch.ones(vocab)).sample((vocab + 1,))  # row = previous token
         self.q = torch.distributions.Dirichlet(torch.ones(vocab)).sample((vocab + 1,))
         self.start = vocab  # row used for the first position
