@@ -10,9 +10,9 @@ streams llama.cpp splits a batch into ubatches holding equally many tokens of ea
 k per sequence is one ubatch, ragged k is several (kv_unified=True would take one ubatch, but every
 sequence would then attend over all sequences' cells).
 
-Numerics (measured on smollm2-135m, CPU): with flash attention (llama.cpp's default, auto = on for
-the CPU) a token's logits are bit-identical however its sequence was split into forwards of up to
-~48 tokens, so greedy speculative output equals plain decoding; larger batches (a long prefill) take
+Numerics (measured on smollm2-135m, CPU, without the repacked kernels): with flash attention
+(llama.cpp's default, auto = on for the CPU) a token's logits are bit-identical however its sequence
+was split into forwards of up to ~48 tokens (on Qwen2.5-1.5B Q4_K_M one 16-token near-tie was seen), so greedy speculative output equals plain decoding; larger batches (a long prefill) take
 another kernel path and differ in the low bits. With flash attention off, one-token forwards drift
 from batched ones after a few tokens, enough to flip greedy choices.
 """
@@ -87,8 +87,9 @@ class LlamaRunner:
         # Extra buffer types (repacked weights, AMX) are off by default: their multi-token kernels
         # round differently from the one-token ones, so greedy speculative output diverged from plain
         # decoding at near-ties (logit margins 0.01-0.28 on Qwen2.5-1.5B Q4_K_M, docs/results.md);
-        # without them a token's logits do not depend on how its sequence was split. They decode
-        # ~1.4x faster here: extra_bufts=True trades exactness for that (never where AMX crashes).
+        # without them that held on SmolLM2 and on 19 of 20 Qwen runs (one near-tie remains with
+        # 16-token forwards). They decode ~1.4x faster here: extra_bufts=True trades exactness for
+        # speed (never where AMX crashes).
         mp.use_extra_bufts = bool(extra_bufts) and not _amx_would_crash()
         self._model = _ll.llama_model_load_from_file(self.model_path.encode(), mp)
         if not self._model:
