@@ -29,10 +29,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+import torch
 from scipy.stats import chi2_contingency, norm
 
 from draftwise.compare import first_divergence
 from draftwise.engine import Engine
+from draftwise.verify import VerifyResult, first_rejection
 
 ENDED = -1  # the sample stopped (EOS) before this position
 
@@ -210,18 +212,9 @@ def check_greedy(plain: Engine, spec: Engine, prompts: list[list[int]], max_toke
 def resample_from_p(target_probs, draft_probs, draft_tokens, generator):
     """A deliberately WRONG acceptance rule (resamples from p, not the residual, after a
     rejection), for showing that the check catches it. Never use it to generate."""
-    from draftwise.verify import VerifyResult
-    import torch
-
-    d = draft_tokens.shape[0]
-    rows = torch.arange(d)
-    p, q = target_probs[rows, draft_tokens], draft_probs[rows, draft_tokens]
-    u = torch.rand(d, generator=generator, dtype=torch.float64)
-    ok = (u * q.double() < p.double()) | (p >= q)
-    bad = torch.nonzero(~ok)
-    n = int(bad[0]) if bad.numel() else d
-    last = torch.multinomial(target_probs[n], 1, generator=generator)
-    return VerifyResult(draft_tokens[:n].tolist() + [int(last)], n, d)
+    n = first_rejection(target_probs, draft_probs, draft_tokens, generator)
+    last = torch.multinomial(target_probs[n], 1, generator=generator)  # the bug: p, not max(0, p - q)
+    return VerifyResult(draft_tokens[:n].tolist() + [int(last)], n, draft_tokens.shape[0])
 
 
 BUGS = {"resample-from-p": resample_from_p}

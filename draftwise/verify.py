@@ -65,14 +65,7 @@ def rejection_sample(
         return [rejection_sample(t, d, x, generator) for t, d, x in zip(target_probs, draft_probs, draft_tokens)]
     _check(target_probs, draft_tokens, draft_probs)
     d = draft_tokens.shape[0]
-    rows = torch.arange(d)
-    p = target_probs[rows, draft_tokens]  # [D]
-    q = draft_probs[rows, draft_tokens]  # [D]
-    u = torch.rand(d, generator=generator, dtype=torch.float64, device=target_probs.device)
-    # u < p/q, written without the division; q >= p: always accept.
-    accepted = (u * q.double() < p.double()) | (p >= q)
-    rejected = torch.nonzero(~accepted)
-    n = int(rejected[0]) if rejected.numel() else d
+    n = first_rejection(target_probs, draft_probs, draft_tokens, generator)
     if n < d:
         residual = (target_probs[n] - draft_probs[n]).clamp_min(0)  # [V]
         if residual.sum() <= 0:  # only reachable through rounding when p == q
@@ -82,6 +75,24 @@ def rejection_sample(
         last = torch.multinomial(target_probs[d], 1, generator=generator)  # bonus
     tokens = draft_tokens[:n].tolist() + [int(last)]
     return VerifyResult(tokens, n, d)
+
+
+def first_rejection(
+    target_probs: torch.Tensor,  # [D+1, V]
+    draft_probs: torch.Tensor,  # [D, V]
+    draft_tokens: torch.Tensor,  # [D]
+    generator: torch.Generator | None,
+) -> int:
+    """Index of the first rejected draft token (D if all are accepted); draws D uniforms."""
+    d = draft_tokens.shape[0]
+    rows = torch.arange(d)
+    p = target_probs[rows, draft_tokens]  # [D]
+    q = draft_probs[rows, draft_tokens]  # [D]
+    u = torch.rand(d, generator=generator, dtype=torch.float64, device=target_probs.device)
+    # u < p/q, written without the division; q >= p: always accept.
+    accepted = (u * q.double() < p.double()) | (p >= q)
+    rejected = torch.nonzero(~accepted)
+    return int(rejected[0]) if rejected.numel() else d
 
 
 def greedy_verify(
