@@ -8,6 +8,7 @@ from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
 from draftwise.models.load import default_backend, load_runner
 from draftwise.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from draftwise.planner import Planner
 
 DRAFTERS = ("none", "model", "ngram")
 
@@ -21,7 +22,7 @@ class EngineSpec:
     target: str = DEFAULT_TARGET
     drafter: str = "model"  # none | model | ngram
     draft_model: str = DEFAULT_DRAFT
-    num_draft_tokens: int = 4
+    num_draft_tokens: int | str = "auto"  # a fixed D, or "auto": the planner picks D per round
     backend: str | None = None  # None: llama.cpp for GGUF on CPU if installed, else torch
     draft_backend: str | None = None  # None: the target's backend
     threads: int | None = None
@@ -34,8 +35,9 @@ class EngineSpec:
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
             raise ValueError(f"unknown drafter {self.drafter!r}; choose one of {', '.join(DRAFTERS)}")
-        if self.num_draft_tokens < 0:
-            raise ValueError(f"num_draft_tokens must be >= 0, got {self.num_draft_tokens}")
+        if self.num_draft_tokens != "auto" and (not isinstance(self.num_draft_tokens, int)
+                                                 or self.num_draft_tokens < 0):
+            raise ValueError(f"num_draft_tokens must be an integer >= 0 or 'auto', got {self.num_draft_tokens!r}")
         if self.backend is None:
             self.backend = default_backend(self.target)
         if self.draft_backend is None:
@@ -64,7 +66,31 @@ def build_engine(spec: EngineSpec, target=None):
                                       **_backend_kw(spec.draft_backend, spec))
         check_vocabularies(tok, d_tok, spec.target, spec.draft_model)
         drafter = ModelDrafter(d_runner)
-    return Engine(runner, tok, drafter, spec.num_draft_tokens), runner, tok
+    planner = make_planner(runner, drafter) if spec.num_draft_tokens == "auto" and drafter else None
+    return Engine(runner, tok, drafter, spec.num_draft_tokens, planner=planner), runner, tok
+
+
+# where acceptance starts before a request has been seen: n-gram proposals are often wrong at
+# their first token and right after it; a same-family draft model is right more often than not
+PRIORS = {"ngram": [0.4] + [0.75] * 15, "model": [0.65] * 16}
+
+
+def make_planner(runner, drafter, max_draft: int = 16, batch_sizes=(1,), log=print, **kw) -> Planner:
+    """A planner over the measured forward-cost curves of the target (and of the draft model)."""
+    import sys
+
+    from draftwise.planner import CostCurve
+    from draftwise.profile import cached_profile
+
+    log = log if log is not print else (lambda m: print(m, file=sys.stderr))
+    ks = range(1, max_draft + 2)
+    verify = CostCurve.from_profile(cached_profile(runner, batch_sizes, ks, log=log))
+    draft = None
+    if not drafter.cheap:
+        draft = CostCurve.from_profile(cached_profile(drafter.runner, (1,), range(1, 18), log=log))
+    prior = PRIORS.get(drafter.name, [0.6] * max_draft)[:max_draft]
+    prior += [prior[-1]] * (max_draft - len(prior))
+    return Planner(verify, draft, prior=prior, max_draft=max_draft, **kw)
 
 
 def _backend_kw(backend: str, spec: EngineSpec) -> dict:

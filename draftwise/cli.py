@@ -17,7 +17,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help="packaged name, .gguf file or HF directory")
     p.add_argument("--drafter", choices=("none", "model", "ngram"), default="model")
     p.add_argument("--draft-model", default=DEFAULT_DRAFT)
-    p.add_argument("--num-draft-tokens", type=int, default=4)
+    p.add_argument("--num-draft-tokens", type=_draft_len, default="auto",
+                   help="D per round: an integer, or auto (default): chosen every round from the measured "
+                        "forward-cost curves and the request's acceptance, 0 (plain) included")
     p.add_argument("--backend", choices=("torch", "llama.cpp"), default=None,
                    help="default: llama.cpp for GGUF models without a GPU (if installed), else torch")
     p.add_argument("--draft-backend", choices=("torch", "llama.cpp"), default=None)
@@ -28,6 +30,18 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    "faster here but not batch-invariant: greedy output may differ from plain at near-ties")
     p.add_argument("--ngram-min", type=int, default=2)
     p.add_argument("--ngram-max", type=int, default=4)
+
+
+def _draft_len(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        d = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 or 'auto', got {text!r}") from None
+    if d < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {d}")
+    return d
 
 
 def _spec(a):
@@ -118,7 +132,7 @@ def cmd_verify(a) -> int:
         raise ValueError("verify compares a drafter with plain decoding: choose --drafter model or ngram")
     spec, runner, tok = build_engine(_spec(a))
     sampler = {"sampler": BUGS[a.inject_bug]} if a.inject_bug else {}
-    spec = Engine(runner, tok, spec.drafter, a.num_draft_tokens, reuse_prefix=True, **sampler)
+    spec = Engine(runner, tok, spec.drafter, a.num_draft_tokens, reuse_prefix=True, planner=spec.planner, **sampler)
     plain = Engine(runner, tok, reuse_prefix=True)
     prompts = [p.token_ids(tok) for p in load_workload(a.workload, a.prompts)][: a.prompts]
     if a.temperature == 0:

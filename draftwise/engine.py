@@ -15,6 +15,7 @@ import torch
 from draftwise.backends.base import ModelRunner
 from draftwise.drafters.base import Drafter, Proposal
 from draftwise.output import OutputTracker
+from draftwise.planner import Plan, Planner
 from draftwise.sampling import SamplingParams, sample, warp
 from draftwise.stats import SpecStats
 from draftwise.tokenizer import Tokenizer
@@ -51,16 +52,17 @@ class GenerationResult:
 
 
 class Engine:
-    """`sampler` is the acceptance rule at temperature > 0 (swappable only so that `draftwise
+    """`num_draft_tokens` is a fixed D, or "auto": the planner picks D (0 included) every round.
+    `sampler` is the acceptance rule at temperature > 0 (swappable only so that `draftwise
     verify` can show it catches a wrong one). With `reuse_prefix`, requests run one at a time keep
     the last prompt's KV state (target and drafter) for the next request with the same prompt."""
 
     def __init__(self, target: ModelRunner, tokenizer: Tokenizer, drafter: Drafter | None = None,
-                 num_draft_tokens: int = 4, sampler=rejection_sample, reuse_prefix: bool = False):
-        if num_draft_tokens < 0:
-            raise ValueError(f"num_draft_tokens must be >= 0, got {num_draft_tokens}")
-        self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
-        self.num_draft_tokens, self.sampler, self.reuse_prefix = num_draft_tokens, sampler, reuse_prefix
+                 num_draft_tokens: int | str = 4, sampler=rejection_sample, reuse_prefix: bool = False,
+                 planner: Planner | None = None):
+        self.target, self.tokenizer, self.drafter, self.planner = target, tokenizer, drafter, planner
+        self.num_draft_tokens = self._check_d(num_draft_tokens)
+        self.sampler, self.reuse_prefix = sampler, reuse_prefix
         self._keys = itertools.count()
         self._prefix: tuple[list[int], int, int, torch.Tensor] | None = None  # ids, seq, key, logits
 
@@ -73,22 +75,38 @@ class Engine:
 
     def stream(self, prompt: str | list[int], max_tokens: int = 128, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-               stop: list[str] | None = None, num_draft_tokens: int | None = None) -> Iterator[Chunk]:
+               stop: list[str] | None = None, num_draft_tokens: int | str | None = None) -> Iterator[Chunk]:
         params = SamplingParams(temperature, top_p, top_k, seed)
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        d_max = self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
+        d = self.num_draft_tokens if num_draft_tokens is None else self._check_d(num_draft_tokens)
+        auto = d == "auto" and self.drafter is not None
+        d_max = self.planner.max_draft if auto else (0 if d == "auto" else d)
         self._check_request(prompt_ids, max_tokens, d_max)
         if self.drafter is None:
             d_max = 0
-        return self._run(prompt_ids, max_tokens, params, list(stop or []), d_max)
+        return self._run(prompt_ids, max_tokens, params, list(stop or []), d_max, auto)
+
+    @property
+    def max_draft(self) -> int:
+        """The most draft tokens a round may propose (what the context must leave room for)."""
+        if self.drafter is None:
+            return 0
+        return self.planner.max_draft if self.num_draft_tokens == "auto" else self.num_draft_tokens
+
+    def _check_d(self, d: int | str) -> int | str:
+        if d == "auto":
+            if self.planner is None:
+                raise ValueError("num_draft_tokens='auto' needs a planner (draftwise.build makes one)")
+            return d
+        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+            raise ValueError(f"num_draft_tokens must be an integer >= 0 or 'auto', got {d!r}")
+        return d
 
     def _check_request(self, prompt_ids: list[int], max_tokens: int, d_max: int) -> None:
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        if d_max < 0:
-            raise ValueError(f"num_draft_tokens must be >= 0, got {d_max}")
         limit = self.target.max_context
         if self.drafter is not None and self.drafter.max_context is not None:
             limit = min(limit, self.drafter.max_context)
@@ -101,7 +119,7 @@ class Engine:
             raise ValueError(f"prompt token ids out of range [0, {self.target.vocab_size}): {bad[:5]}")
 
     def _run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams,
-             stop: list[str], d_max: int) -> Iterator[Chunk]:
+             stop: list[str], d_max: int, auto: bool = False) -> Iterator[Chunk]:
         stats = SpecStats()
         gen = None if params.greedy else params.generator()
         out = OutputTracker(self.tokenizer, max_tokens, stop)
@@ -111,6 +129,7 @@ class Engine:
         times: list[float] = []
         rounds: list[tuple[int, int, int]] = []
         ttft, done = 0.0, False
+        req = self.planner.new_request(max_tokens) if auto else None
         try:
             first = self._plain_token(logits, params, gen)
             stats.plain_steps += 1
@@ -122,14 +141,18 @@ class Engine:
                 yield chunk
                 # propose
                 room = out.remaining - 1  # the round always emits one token besides the accepted
-                d = min(d_max, room)
                 t = time.perf_counter()
-                prop = self.drafter.propose(key, ctx, d, params, gen) if d > 0 else _NO_DRAFT
+                if req is None:
+                    d, plan, shadow = min(d_max, room), None, None
+                    prop = self.drafter.propose(key, ctx, d, params, gen) if d > 0 else _NO_DRAFT
+                else:
+                    prop, plan, shadow = self._planned_proposal(req, key, ctx, room, params, gen)
                 t_draft = time.perf_counter()
                 stats.draft_s += t_draft - t
                 # verify
                 feed = [ctx[-1]] + prop.tokens
                 logits = self.target.forward([seq], [feed], [len(feed)])[0]  # [d+1, V]
+                t_fwd = time.perf_counter() - t_draft
                 res = self._verify(logits, prop, params, gen)
                 self.target.truncate(seq, len(ctx) + res.num_accepted)  # drop rejected draft KV
                 stats.verify_s += time.perf_counter() - t_draft
@@ -141,6 +164,9 @@ class Engine:
                     stats.plain_steps += 1
                 ctx += res.tokens
                 chunk = self._commit(out, res.tokens, stats, t0, times, bool(prop.tokens))
+                if req is not None:
+                    self._learn(req, plan, prop, res, shadow, logits, params,
+                                (len(feed), t_fwd, t_draft - t, time.perf_counter() - t))
             stats.wall_s = time.perf_counter() - t0
             stats.other_s = stats.wall_s - stats.prefill_s - stats.draft_s - stats.verify_s
             chunk.result = GenerationResult(out.text, out.token_ids, len(prompt_ids), out.finish_reason,
@@ -196,6 +222,35 @@ class Engine:
         if params.greedy:
             return int(logits[-1].argmax())
         return sample(warp(logits[-1:], params)[0], gen)
+
+    def _planned_proposal(self, req, key: int, ctx: list[int], room: int, params: SamplingParams, gen):
+        """(proposal, plan, shadow): a cheap drafter proposes first and the planner picks how many
+        of its tokens to verify (its unverified first token, the shadow, is scored after a plain
+        step); a draft model is asked for the planner's D only, so at D = 0 it is not fed at all."""
+        if self.drafter.cheap:
+            cand = self.drafter.propose(key, ctx, min(self.planner.max_draft, room), params, gen)
+            plan = self.planner.plan(req, 1, available=len(cand.tokens))
+            prop = Proposal(cand.tokens[:plan.d], None if cand.probs is None else cand.probs[:plan.d])
+            return prop, plan, (cand.tokens[0] if cand.tokens and plan.d == 0 else None)
+        behind = self.drafter.pending(key, ctx)
+        plan = self.planner.plan(req, 1, available=room, behind=behind)
+        plan.behind = behind
+        if plan.d == 0:
+            return _NO_DRAFT, plan, None
+        return self.drafter.propose(key, ctx, plan.d, params, gen, plan.min_confidence), plan, None
+
+    def _learn(self, req, plan: Plan, prop: Proposal, res: VerifyResult, shadow: int | None,
+               logits: torch.Tensor, params: SamplingParams, times: tuple[int, float, float, float]) -> None:
+        """Feed the round's outcome and measured times back to the planner."""
+        k, t_fwd, t_draft, t_round = times
+        self.planner.commit(req, plan, len(prop.tokens), res.num_accepted, len(res.tokens))
+        if shadow is not None:  # P(accept) of the unverified token: p(x) at the plain step's position
+            p = 1.0 if params.greedy and int(logits[0].argmax()) == shadow else 0.0
+            if not params.greedy:
+                p = float(warp(logits[:1], params)[0, shadow])
+            self.planner.shadow(req, p)
+        self.planner.observe_times(k, 1, t_fwd, len(prop.tokens), plan.behind, t_draft,
+                                   t_round - t_fwd - t_draft)
 
     def _verify(self, logits: torch.Tensor, prop: Proposal, params: SamplingParams, gen) -> VerifyResult:
         draft = torch.tensor(prop.tokens, dtype=torch.long)  # [d]

@@ -9,6 +9,7 @@ Works with any ModelRunner (torch or llama.cpp).
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections.abc import Iterable, Sequence
@@ -117,3 +118,65 @@ def profile_runner(runner: ModelRunner, ks: Iterable[int] = range(1, 18),
                 runner.free(s)
     meta = {k: getattr(runner, k) for k in ("n_threads", "model_path") if hasattr(runner, k)}
     return ProfileResult(rows, context_len, runner.backend, repeats, warmup, meta)
+
+
+def runner_identity(runner: ModelRunner) -> dict | None:
+    """What a profile depends on besides the machine: backend, model file and settings; None when
+    the runner cannot name its model (then its profile is not cached)."""
+    import platform
+
+    ident = {"backend": runner.backend, "machine": platform.machine(), "cpu": _cpu_model(),
+             "cores": os.cpu_count()}
+    if getattr(runner, "model_path", None):
+        st = os.stat(runner.model_path)
+        ident.update(model=os.path.abspath(runner.model_path), size=st.st_size, mtime=int(st.st_mtime),
+                     **{k: getattr(runner, k, None) for k in ("n_threads", "n_batch", "fast_kernels")})
+        return ident
+    model = getattr(runner, "model", None)
+    name = getattr(getattr(model, "config", None), "_name_or_path", None)
+    if not name:
+        return None
+    import torch
+
+    ident.update(model=name, device=str(getattr(runner, "device", "")), threads=torch.get_num_threads(),
+                 dtype=str(next(model.parameters()).dtype))
+    return ident
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def cached_profile(runner: ModelRunner, batch_sizes: Sequence[int] = (1,), ks: Iterable[int] = range(1, 18),
+                   context_len: int = 256, repeats: int = 2, log=None) -> ProfileResult:
+    """The runner's forward-cost curve, measured once per model, settings and machine and kept in
+    the cache directory (`draftwise profile --refresh` or deleting the file measures it again)."""
+    import hashlib
+
+    from draftwise.models.registry import cache_dir
+
+    ks = list(ks)
+    context_len = min(context_len, runner.max_context - max(ks))
+    ident = runner_identity(runner)
+    path = None
+    if ident is not None:
+        ident.update(ks=ks, batch_sizes=list(batch_sizes), context_len=context_len, repeats=repeats)
+        key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+        path = cache_dir() / "profiles" / f"{runner.backend}-{key}.json"
+        if path.is_file():
+            return ProfileResult.load(path)
+    if log:
+        log(f"measuring the forward-cost curve of {ident.get('model') if ident else 'the model'} "
+            f"({runner.backend}, k={ks[0]}..{ks[-1]}, batch {list(batch_sizes)}); kept for later runs")
+    prof = profile_runner(runner, ks, batch_sizes, context_len, repeats=repeats, warmup=1)
+    if path is not None:
+        prof.meta["identity"] = ident
+        prof.save(path)
+    return prof

@@ -137,7 +137,7 @@ class Interrupt:
     def __init__(self, engine, n):
         self.engine, self.n, self.calls = engine, n, 0
         self.target, self.tokenizer, self.drafter = engine.target, engine.tokenizer, engine.drafter
-        self.num_draft_tokens = engine.num_draft_tokens
+        self.num_draft_tokens, self.max_draft = engine.num_draft_tokens, engine.max_draft
 
     def stream(self, ids, **kw):
         self.calls += 1

@@ -91,6 +91,7 @@ class LlamaRunner:
         # 16-token forwards). They decode ~1.4x faster here: extra_bufts=True trades exactness for
         # speed (never where AMX crashes).
         mp.use_extra_bufts = bool(extra_bufts) and not _amx_would_crash()
+        self.fast_kernels = bool(mp.use_extra_bufts)
         self._model = _ll.llama_model_load_from_file(self.model_path.encode(), mp)
         if not self._model:
             raise ValueError(f"llama.cpp could not load {self.model_path}: not a GGUF model it can read")

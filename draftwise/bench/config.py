@@ -23,22 +23,22 @@ class RunConfig:
     """One configuration: `plain`, `ngram:D` or `model:D` in process, or a server's label."""
     name: str
     drafter: str  # "none" | "ngram" | "model" | "endpoint"
-    num_draft_tokens: int = 0  # D; 0 for plain decoding and servers
+    num_draft_tokens: int | str = 0  # D, or "auto" (the planner's choice); 0 for plain decoding and servers
 
     @staticmethod
     def parse(text: str) -> list[RunConfig]:
-        """'plain' | 'ngram:4' | 'model:2,4,8' (a sweep over D: one configuration per D)."""
+        """'plain' | 'ngram:4' | 'model:2,4,8' (a sweep over D: one configuration per D) | 'ngram:auto'."""
         if text == "plain":
             return [RunConfig("plain", "none")]
         kind, _, ds = text.partition(":")
         if kind not in _DRAFTERS or not ds:
-            raise ValueError(f"unknown configuration {text!r}: use plain, ngram:D, model:D "
-                             "or a sweep such as ngram:2,4,8")
+            raise ValueError(f"unknown configuration {text!r}: use plain, ngram:D, model:D, ngram:auto "
+                             "or a sweep such as ngram:2,4,8,auto")
         try:
-            values = [int(d) for d in ds.split(",")]
+            values = [d if d == "auto" else int(d) for d in ds.split(",")]
         except ValueError:
-            raise ValueError(f"configuration {text!r}: D must be integers") from None
-        if any(d < 1 for d in values):
+            raise ValueError(f"configuration {text!r}: D must be integers or auto") from None
+        if any(d != "auto" and d < 1 for d in values):
             raise ValueError(f"configuration {text!r}: D must be >= 1")
         return [RunConfig(f"{kind}:{d}", kind, d) for d in values]
 

@@ -34,7 +34,7 @@ def build_targets(cfg: BenchConfig, engines: dict[str, Engine] | None = None, to
 def build_engines(cfg: BenchConfig) -> dict[str, Engine]:
     """Load the target once, and the draft model once if any configuration drafts with it; loading
     goes through build.build_engine, so backends, kernels and the vocabulary check are the CLI's."""
-    from draftwise.build import EngineSpec, build_engine
+    from draftwise.build import EngineSpec, build_engine, make_planner
     from draftwise.drafters.model import ModelDrafter
     from draftwise.drafters.ngram import NgramDrafter
 
@@ -50,8 +50,11 @@ def build_engines(cfg: BenchConfig) -> dict[str, Engine]:
     for c in run_cfgs:
         if c.drafter == "none":
             out[c.name] = plain
-        elif c.drafter == "ngram":
-            out[c.name] = Engine(runner, tok, NgramDrafter(cfg.ngram_min, cfg.ngram_max), c.num_draft_tokens)
+            continue
+        if c.drafter == "ngram":
+            drafter = NgramDrafter(cfg.ngram_min, cfg.ngram_max)
         else:  # one ModelDrafter per engine (its own request state) over the one draft runner
-            out[c.name] = Engine(runner, tok, ModelDrafter(draft_runner), c.num_draft_tokens)
+            drafter = ModelDrafter(draft_runner)
+        planner = make_planner(runner, drafter) if c.num_draft_tokens == "auto" else None
+        out[c.name] = Engine(runner, tok, drafter, c.num_draft_tokens, planner=planner)
     return out

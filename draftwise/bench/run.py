@@ -56,7 +56,7 @@ def _fits(targets: dict, n: int, max_tokens: int) -> bool:
         if isinstance(t, EngineTarget):
             e = t.engine
             limit = min(e.target.max_context, getattr(e.drafter, "max_context", None) or e.target.max_context)
-            if n + max_tokens + (e.num_draft_tokens if e.drafter else 0) > limit:
+            if n + max_tokens + e.max_draft > limit:
                 return False
     return True
 

@@ -1,6 +1,7 @@
 """The drafter interface: propose up to n tokens that continue a context."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,12 +29,22 @@ class Proposal:
 class Drafter(Protocol):
     """Drafters are stateless towards the engine: `context` is the whole committed sequence
     (prompt + output) at every call; a drafter with its own state reconciles it with `context`
-    itself. `seq_key` identifies the request, so one drafter serves several in flight."""
+    itself. `seq_key` identifies the request, so one drafter serves several in flight.
+
+    `cheap`: proposing costs next to nothing (n-gram), so the planner may look at a proposal
+    before choosing how much of it to verify. `min_confidence` (optional, drafters with their own
+    probabilities): stop before proposing token i+2 when the product of the drafter's
+    probabilities for tokens 1..i+2 is below min_confidence[i]. `pending` is how many context
+    tokens the drafter has not yet seen (what its next propose must catch up on)."""
 
     name: str
     max_context: int | None  # most tokens the drafter can hold, None = unbounded
+    cheap: bool
 
     def propose(self, seq_key: int, context: list[int], num_tokens: int,
-                params: SamplingParams, generator: torch.Generator | None) -> Proposal: ...
+                params: SamplingParams, generator: torch.Generator | None,
+                min_confidence: Sequence[float] = ()) -> Proposal: ...
+
+    def pending(self, seq_key: int, context: list[int]) -> int: ...
 
     def release(self, seq_key: int) -> None: ...

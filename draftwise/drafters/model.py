@@ -1,6 +1,7 @@
 """Draft-model drafting: a separate small model with its own KV cache, one sequence per request."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +24,7 @@ class ModelDrafter:
     fed with the next round's catch-up."""
 
     name = "model"
+    cheap = False
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner
@@ -30,7 +32,8 @@ class ModelDrafter:
         self._seqs: dict[int, _DraftSeq] = {}
 
     def propose(self, seq_key: int, context: list[int], num_tokens: int,
-                params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+                params: SamplingParams, generator: torch.Generator | None,
+                min_confidence: Sequence[float] = ()) -> Proposal:
         st = self._seqs.get(seq_key)
         if st is None:
             st = self._seqs[seq_key] = _DraftSeq(self.runner.new_sequence())
@@ -42,18 +45,29 @@ class ModelDrafter:
         feed = context[keep:]
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
-        for _ in range(num_tokens):
+        reach = 1.0  # product of the draft's own probabilities of its tokens so far
+        for i in range(num_tokens):
             logits = self.runner.forward([st.seq], [feed], [1])[0]  # [1, V]
             st.fed.extend(feed)
             if params.greedy:
                 tok = int(logits[0].argmax())
+                conf = float(torch.softmax(logits[0], -1)[tok]) if min_confidence else 1.0
             else:
                 q = warp(logits, params)  # [1, V]
                 tok = sample(q[0], generator)
+                conf = float(q[0, tok])
+            reach *= conf
+            if i >= 1 and i - 1 < len(min_confidence) and reach < min_confidence[i - 1]:
+                break  # early stop: this token's expected gain does not pay for verifying it
+            if not params.greedy:
                 probs.append(q)
             tokens.append(tok)
             feed = [tok]
         return Proposal(tokens, torch.cat(probs) if probs else None)
+
+    def pending(self, seq_key: int, context: list[int]) -> int:
+        st = self._seqs.get(seq_key)
+        return len(context) if st is None else len(context) - _common_prefix(st.fed, context)
 
     def release(self, seq_key: int) -> None:
         st = self._seqs.pop(seq_key, None)

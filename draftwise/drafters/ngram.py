@@ -1,6 +1,8 @@
 """Prompt lookup (n-gram) drafting: reuse what followed an earlier copy of the context's suffix."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -38,6 +40,7 @@ def ngram_propose(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> np.ndar
 class NgramDrafter:
     name = "ngram"
     max_context = None
+    cheap = True
 
     def __init__(self, min_n: int = 2, max_n: int = 4):
         if not 1 <= min_n <= max_n:
@@ -45,9 +48,13 @@ class NgramDrafter:
         self.min_n, self.max_n = min_n, max_n
 
     def propose(self, seq_key: int, context: list[int], num_tokens: int,
-                params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+                params: SamplingParams, generator: torch.Generator | None,
+                min_confidence: Sequence[float] = ()) -> Proposal:
         arr = np.asarray(context, dtype=np.int64)
         return Proposal(ngram_propose(arr, self.min_n, self.max_n, num_tokens).tolist())  # q one-hot
+
+    def pending(self, seq_key: int, context: list[int]) -> int:
+        return 0
 
     def release(self, seq_key: int) -> None:
         pass

@@ -1,0 +1,252 @@
+"""Draft length from measured cost and acceptance: pick D per round to maximise tokens per second.
+
+The model (docs/planner.md has the derivation and its assumptions):
+
+    alpha_i   = P(draft token i accepted | tokens 1..i-1 accepted)   per request, Beta posterior
+    E[N](D)   = 1 + sum_{i=1..D} prod_{j<=i} alpha_j                  tokens emitted by a round
+    T(D, b)   = T_draft(D) + T_verify(D + 1, b) + overhead             seconds per round, b sequences
+    rate(D)   = E[N](D) / T(D, b)                                     D = 0 is a plain step
+
+D* = argmax rate(D) over 0..max_draft; a D > 0 must beat plain by `margin`, so an uncertain gain
+does not make a request slower than plain decoding. T_verify comes from a measured forward-cost
+profile (draftwise.profile, every k, per batch size), scaled online by the ratio of measured to
+predicted forward time; T_draft from the draft model's profile, or the measured per-call time of
+a cheap drafter. When the draft model has fallen behind (it is not fed while D = 0), resuming
+costs a catch-up forward; it is paid once, so it is set against the time speculation would save
+over the rest of the request rather than against one round.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from draftwise.profile import ProfileResult
+
+EMA = 0.1  # weight of one new timing observation in the online estimates
+
+
+class CostCurve:
+    """Seconds of one forward of k new tokens with logits at all k, for b sequences of k each.
+
+    Measured points are used as they are (the curve is not smooth); k past the last measured
+    point and b between or past measured batch sizes are extrapolated linearly."""
+
+    def __init__(self, ms: dict[int, list[float]]):  # batch -> [ms at k = 1, 2, ...]
+        if not ms or any(len(v) == 0 for v in ms.values()):
+            raise ValueError("a cost curve needs at least one measured point per batch size")
+        self._b = sorted(ms)
+        self._s = {b: np.asarray(ms[b], dtype=np.float64) / 1e3 for b in self._b}
+        self.scale = 1.0  # online correction: measured / predicted, as an EMA
+
+    @classmethod
+    def from_profile(cls, prof: ProfileResult) -> CostCurve:
+        ms: dict[int, dict[int, float]] = {}
+        for r in prof.rows:
+            ms.setdefault(r["batch"], {})[r["k"]] = r["ms_median"]
+        out = {}
+        for b, row in ms.items():
+            if sorted(row) != list(range(1, len(row) + 1)):
+                raise ValueError(f"profile for batch {b} must cover k = 1..K without gaps, got {sorted(row)}")
+            out[b] = [row[k] for k in range(1, len(row) + 1)]
+        return cls(out)
+
+    def _at_b(self, b: int, k: int) -> float:
+        s = self._s[b]
+        if k <= len(s):
+            return float(s[k - 1])
+        slope = float(s[-1] - s[-2]) if len(s) > 1 else float(s[-1])
+        return float(s[-1]) + slope * (k - len(s))
+
+    def raw(self, k: int, b: int = 1) -> float:
+        if k < 1 or b < 1:
+            raise ValueError(f"k and b must be >= 1, got k={k}, b={b}")
+        bs = self._b
+        if b in self._s:
+            return self._at_b(b, k)
+        if len(bs) == 1:  # one batch size measured: assume cost proportional to tokens beyond it
+            return self._at_b(bs[0], k) * b / bs[0]
+        lo = max([x for x in bs if x < b], default=bs[0])
+        hi = min([x for x in bs if x > b], default=bs[-1])
+        if lo == hi:  # outside the measured range: extend the segment nearest to b
+            lo, hi = (bs[0], bs[1]) if b < bs[0] else (bs[-2], bs[-1])
+        t_lo, t_hi = self._at_b(lo, k), self._at_b(hi, k)
+        return max(t_lo + (t_hi - t_lo) * (b - lo) / (hi - lo), 1e-9)
+
+    def __call__(self, k: int, b: int = 1) -> float:
+        return self.raw(k, b) * self.scale
+
+    def observe(self, k: int, b: int, seconds: float) -> None:
+        ratio = seconds / self.raw(k, b)
+        self.scale += EMA * (min(max(ratio, 0.2), 5.0) - self.scale)
+
+
+class Acceptance:
+    """Per-position conditional acceptance as Beta posteriors: alpha_i = (a_i + acc_i) / (a_i + b_i
+    + seen_i), with prior pseudo-counts (a_i, b_i) = strength * (m_i, 1 - m_i). Older
+    observations are discounted by `forget` per round, so the estimate follows a request whose
+    acceptance changes half-way."""
+
+    def __init__(self, prior: np.ndarray, strength: float = 0.5, forget: float = 0.85):
+        self.prior = np.clip(np.asarray(prior, dtype=np.float64), 1e-3, 1 - 1e-3)  # [max_pos]
+        self.strength, self.forget = strength, forget
+        self.acc = np.zeros_like(self.prior)  # [max_pos] (discounted) accepted counts
+        self.seen = np.zeros_like(self.prior)  # [max_pos] (discounted) times the position was reached
+
+    def alpha(self) -> np.ndarray:  # [max_pos]
+        """Position i's prior mean is the average of its own prior and position i-1's estimate, so
+        positions never reached yet borrow from the ones before them (and a long draft gets tried)."""
+        out = np.empty_like(self.prior)
+        prev = self.prior[0]
+        for i in range(len(out)):
+            m = 0.5 * (self.prior[i] + prev)
+            out[i] = prev = (self.strength * m + self.acc[i]) / (self.strength + self.seen[i])
+        return out
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        """One round: positions 1..accepted accepted, position accepted+1 rejected (if proposed)."""
+        self.acc *= self.forget
+        self.seen *= self.forget
+        reached = min(accepted + 1, proposed, len(self.prior))
+        self.seen[:reached] += 1
+        self.acc[:min(accepted, len(self.prior))] += 1
+
+    def observe_first(self, p_accept: float) -> None:
+        """A shadow observation of position 1 only (a free drafter's proposal, not verified): the
+        probability the first token would have been accepted."""
+        self.acc *= self.forget
+        self.seen *= self.forget
+        self.seen[0] += 1
+        self.acc[0] += p_accept
+
+    def relax(self) -> None:
+        """A step without any observation: let the estimate drift back toward the prior."""
+        self.acc *= self.forget
+        self.seen *= self.forget
+
+
+def expected_tokens(alpha: np.ndarray, d: int) -> float:
+    """E[N](d) = 1 + sum_{i<=d} prod_{j<=i} alpha_j: the recovered or bonus token plus accepted ones."""
+    return 1.0 + float(np.cumprod(alpha[:d]).sum()) if d > 0 else 1.0
+
+
+@dataclass(slots=True)
+class Plan:
+    d: int  # draft tokens to propose this round (0 = plain step)
+    rate: float  # predicted tokens per second of the chosen D
+    plain_rate: float  # predicted tokens per second of a plain step
+    min_confidence: list[float] = field(default_factory=list)  # early stop: see Planner.plan
+    behind: int = 1  # tokens the draft model catches up on before drafting
+
+
+@dataclass(slots=True)
+class RequestPlan:
+    """A request's planner state: its acceptance posterior and how much output is left."""
+    acceptance: Acceptance
+    remaining: int
+    plans: list[int] = field(default_factory=list)  # D chosen each round
+
+
+class Planner:
+    """Chooses D per round from the target's verify curve, the drafter's cost and the request's
+    acceptance. `draft_curve` is the draft model's forward curve (None for a cheap drafter such
+    as n-gram, whose measured per-call time is used). With `online=False` the curves are never
+    rescaled by measured times, so the D chosen is a function of the tokens alone and seeded
+    sampling is reproducible (given the same profiles)."""
+
+    def __init__(self, verify_curve: CostCurve, draft_curve: CostCurve | None = None,
+                 prior: float | list[float] = 0.6, max_draft: int = 16, margin: float = 0.03,
+                 online: bool = True, prior_strength: float = 0.5):
+        if max_draft < 1:
+            raise ValueError(f"max_draft must be >= 1, got {max_draft}")
+        self.verify, self.draft = verify_curve, draft_curve
+        self.max_draft, self.margin, self.online = max_draft, margin, online
+        p = np.broadcast_to(np.asarray(prior, dtype=np.float64), (max_draft,)).copy()
+        self.workload = Acceptance(p, strength=prior_strength, forget=0.995)  # all requests seen
+        self.draft_call_s = 1e-4  # cheap drafter: seconds per propose call (EMA)
+        self.overhead_s = 0.0  # per round, besides forwards and drafting (EMA)
+
+    def new_request(self, max_tokens: int) -> RequestPlan:
+        return RequestPlan(Acceptance(self.workload.alpha()), max_tokens)
+
+    def draft_cost(self, d: int, behind: int = 1) -> float:
+        """Seconds to draft d tokens: one forward feeding the `behind` tokens the draft model has
+        not seen, then one forward per further token; a cheap drafter's measured call time."""
+        if d == 0:
+            return 0.0
+        if self.draft is None:
+            return self.draft_call_s
+        return self.draft(max(behind, 1)) + (d - 1) * self.draft(1)
+
+    def plan(self, req: RequestPlan, n_seqs: int = 1, available: int | None = None, behind: int = 1) -> Plan:
+        """D for this round. `available` caps D (a cheap drafter's proposal length, or the room
+        left); `behind` is how many tokens a draft model must catch up on first.
+
+        min_confidence[i]: a draft model stops before proposing token i+1 when the product of its
+        own probabilities for tokens 1..i+1 is below it: that token's expected gain would not pay
+        for its marginal cost (one more draft forward and one more verified position) at the rate
+        this plan expects."""
+        alpha = req.acceptance.alpha()
+        d_max = min(self.max_draft, req.remaining - 1)
+        if available is not None:
+            d_max = min(d_max, available)
+        t_plain = self.verify(1, n_seqs) + self.overhead_s
+        r_plain = 1.0 / t_plain
+        best_d, best_r = 0, r_plain
+        for d in range(1, max(d_max, 0) + 1):
+            r = expected_tokens(alpha, d) / (self.draft_cost(d) + self.verify(d + 1, n_seqs) + self.overhead_s)
+            if r > best_r:
+                best_d, best_r = d, r
+        if best_d == 0 or best_r < r_plain * (1 + self.margin):
+            return Plan(0, r_plain, r_plain)
+        catch_up = self.draft_cost(1, behind) - self.draft_cost(1, 1) if self.draft is not None else 0.0
+        if catch_up > 0:  # pays once; worth it if the rest of the request saves more
+            saved = req.remaining * (1.0 / r_plain - 1.0 / best_r)
+            if saved <= catch_up:
+                return Plan(0, r_plain, r_plain)
+        conf = []
+        if self.draft is not None:
+            for i in range(1, best_d):  # before proposing token i+1
+                marginal = self.draft(1) + self.verify(i + 2, n_seqs) - self.verify(i + 1, n_seqs)
+                conf.append(best_r * max(marginal, 0.0))
+        return Plan(best_d, best_r, r_plain, conf)
+
+    def commit(self, req: RequestPlan, plan: Plan, proposed: int, accepted: int, emitted: int) -> None:
+        """After a round (or plain step): update the request's and the workload's acceptance."""
+        req.plans.append(plan.d)
+        req.remaining -= emitted
+        if proposed > 0:
+            req.acceptance.observe(proposed, accepted)
+            self.workload.observe(proposed, accepted)
+        else:
+            req.acceptance.relax()
+
+    def shadow(self, req: RequestPlan, p_accept: float) -> None:
+        """A cheap drafter's unverified first token, scored against the plain step's target
+        probabilities: keeps the acceptance estimate alive while D = 0."""
+        req.acceptance.observe_first(p_accept)
+        self.workload.observe_first(p_accept)
+
+    def observe_times(self, k: int, n_seqs: int, forward_s: float, d: int, behind: int, draft_s: float,
+                      overhead_s: float) -> None:
+        """Measured seconds of a round: the target forward of k tokens per sequence, drafting d
+        tokens (`behind` of them caught up first), and the rest of the round."""
+        if not self.online:
+            return
+        self.verify.observe(k, n_seqs, forward_s)
+        if self.draft is None:
+            self.draft_call_s += EMA * (draft_s - self.draft_call_s)
+        elif d > 0:
+            raw = self.draft.raw(max(behind, 1)) + (d - 1) * self.draft.raw(1)
+            self.draft.scale += EMA * (min(max(draft_s / raw, 0.2), 5.0) - self.draft.scale)
+        self.overhead_s += EMA * (max(overhead_s, 0.0) - self.overhead_s)
+
+    def predicted_speedup(self, alpha: np.ndarray, n_seqs: int = 1) -> dict[int, float]:
+        """Speedup over plain decoding of every fixed D for a given acceptance (a [max_draft]
+        array of alpha_i), from the cost model alone: what `draftwise plan` prints."""
+        t_plain = self.verify(1, n_seqs) + self.overhead_s
+        out = {0: 1.0}
+        for d in range(1, self.max_draft + 1):
+            t = self.draft_cost(d) + self.verify(d + 1, n_seqs) + self.overhead_s
+            out[d] = expected_tokens(alpha, d) / t * t_plain
+        return out

@@ -1,0 +1,167 @@
+"""The draft-length planner on synthetic cost curves, its online updates, and `auto` in the engine."""
+import numpy as np
+import pytest
+
+from draftwise.drafters.model import ModelDrafter
+from draftwise.drafters.ngram import NgramDrafter
+from draftwise.engine import Engine
+from draftwise.planner import Acceptance, CostCurve, Planner, expected_tokens
+from draftwise.profile import ProfileResult
+from draftwise.sampling import SamplingParams
+from fakes import CharTokenizer, CycleRunner
+
+K = 17
+
+
+def curve(per_token_ms, first_ms=10.0, batch=(1,)):
+    """ms(k) = first + per_token * (k - 1), for k = 1..K."""
+    return CostCurve({b: [b * first_ms + b * per_token_ms * (k - 1) for k in range(1, K + 1)] for b in batch})
+
+
+def planner(per_token_ms, prior, draft=None, **kw):
+    return Planner(curve(per_token_ms), draft, prior=prior, max_draft=16, **kw)
+
+
+def test_expected_tokens_by_hand():
+    a = np.array([0.5, 0.5, 1.0])
+    assert expected_tokens(a, 0) == 1.0
+    assert expected_tokens(a, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens(a, 3) == pytest.approx(1.75 + 0.25)
+
+
+def test_plain_when_drafting_cannot_pay():
+    # verifying k tokens costs k plain steps: no acceptance below 1 can pay for a draft
+    pl = planner(per_token_ms=10.0, prior=0.9)
+    assert pl.plan(pl.new_request(100)).d == 0
+    # cheap verification, but the draft model costs as much as the target per token
+    pl = planner(per_token_ms=0.5, prior=0.5, draft=curve(10.0, first_ms=10.0))
+    assert pl.plan(pl.new_request(100)).d == 0
+
+
+def test_long_draft_when_acceptance_high_and_verify_cheap():
+    pl = planner(per_token_ms=0.1, prior=0.98)
+    p = pl.plan(pl.new_request(100))
+    assert p.d == 16 and p.rate > 5 * p.plain_rate
+    # the room left caps D: a round always emits one token besides the accepted ones
+    assert pl.plan(pl.new_request(5)).d == 4
+
+
+def test_moderate_cost_picks_an_interior_d():
+    # alpha = 0.7: E[N](d) saturates at ~3.3 while cost keeps growing by 30% of a step per token
+    pl = planner(per_token_ms=3.0, prior=0.7)
+    d = pl.plan(pl.new_request(100)).d
+    rates = pl.predicted_speedup(np.full(16, 0.7))
+    assert 1 <= d <= 8 and d == max(rates, key=rates.get)
+
+
+def test_moves_between_plain_and_long_drafts_when_acceptance_changes():
+    pl = planner(per_token_ms=2.0, prior=0.6)
+    req = pl.new_request(10_000)
+    chosen = []
+    for phase in (16, 0, 16):  # full acceptance, then every draft rejected at once, then full again
+        for _ in range(40):
+            plan = pl.plan(req)
+            chosen.append(plan.d)
+            if plan.d:
+                pl.commit(req, plan, plan.d, min(phase, plan.d), min(phase, plan.d) + 1)
+            else:  # a plain step: a cheap drafter's unverified first token is still scored
+                pl.commit(req, plan, 0, 0, 1)
+                pl.shadow(req, 1.0 if phase else 0.0)
+    assert chosen[39] >= 10 and chosen[79] == 0 and chosen[119] >= 10
+    assert 0 in chosen[40:55] and max(chosen[80:95]) >= 8  # reacts within a few rounds each way
+
+
+def test_acceptance_counts_reached_positions_only():
+    acc = Acceptance(np.full(4, 0.5), strength=2.0, forget=1.0)  # no forgetting: plain counts
+    acc.observe(proposed=4, accepted=1)  # position 1 accepted, 2 rejected, 3 and 4 never reached
+    assert acc.seen.tolist() == [1, 1, 0, 0] and acc.acc.tolist() == [1, 0, 0, 0]
+    a = acc.alpha()  # position i borrows half its prior mean from position i-1
+    assert a.tolist() == pytest.approx([2 / 3, 7 / 18, 4 / 9, 17 / 36])  # m_2 = (0.5 + 2/3) / 2, ...
+    acc.observe(proposed=2, accepted=2)  # all accepted: nothing rejected
+    assert acc.seen.tolist() == [2, 2, 0, 0] and acc.acc.tolist() == [2, 1, 0, 0]
+
+
+def test_online_update_rescales_curve_and_tracks_overhead():
+    pl = planner(per_token_ms=1.0, prior=0.6)
+    before = pl.verify(5)
+    for _ in range(200):  # the machine got twice as slow
+        pl.observe_times(5, 1, 2 * pl.verify.raw(5), d=4, behind=1, draft_s=0.002, overhead_s=0.003)
+    assert pl.verify(5) == pytest.approx(2 * before, rel=1e-3)
+    assert pl.verify(1) == pytest.approx(2 * pl.verify.raw(1), rel=1e-3)  # the whole curve follows
+    assert pl.overhead_s == pytest.approx(0.003, rel=1e-3) and pl.draft_call_s == pytest.approx(0.002, rel=1e-3)
+    frozen = planner(per_token_ms=1.0, prior=0.6, online=False)
+    frozen.observe_times(5, 1, 1.0, d=4, behind=1, draft_s=1.0, overhead_s=1.0)
+    assert frozen.verify(5) == frozen.verify.raw(5) and frozen.overhead_s == 0.0
+
+
+def test_draft_model_catch_up_counts_against_remaining_output():
+    draft = curve(per_token_ms=1.0, first_ms=2.0)  # a catch-up of 200 tokens costs ~200 ms
+    pl = planner(per_token_ms=0.5, prior=0.9, draft=draft)
+    assert pl.plan(pl.new_request(400), behind=1).d > 0
+    assert pl.plan(pl.new_request(400), behind=200).d > 0  # 400 tokens left: pays off
+    assert pl.plan(pl.new_request(6), behind=200).d == 0  # 6 tokens left: cannot
+
+
+def test_early_stop_thresholds_follow_marginal_cost():
+    pl = planner(per_token_ms=2.0, prior=0.9, draft=curve(1.0, first_ms=1.0))
+    p = pl.plan(pl.new_request(100))
+    assert p.d > 1 and len(p.min_confidence) == p.d - 1
+    # constant marginal cost (linear curves): the threshold is rate * (draft step + verify step)
+    assert p.min_confidence == pytest.approx([p.rate * (0.001 + 0.002)] * (p.d - 1))
+
+
+def test_batch_sizes_interpolate_and_extrapolate():
+    c = CostCurve({1: [10.0, 12.0], 4: [40.0, 48.0]})
+    assert c(1, 2) == pytest.approx(0.020) and c(2, 2) == pytest.approx(0.024)
+    assert c(1, 8) == pytest.approx(0.080)  # past the largest b: extends the 1 -> 4 segment
+    assert c(3, 1) == pytest.approx(0.014)  # past the largest k: extends the last step
+
+
+def test_curve_from_profile_requires_every_k():
+    rows = [{"batch": 1, "k": k, "ms_median": float(k), "ms_all": []} for k in (1, 2, 4)]
+    with pytest.raises(ValueError, match="without gaps"):
+        CostCurve.from_profile(ProfileResult(rows, 8, "fake", 1, 0))
+
+
+PROMPT = [0, 1, 2, 3, 4, 0, 1]
+
+
+def test_auto_greedy_equals_plain_and_speculates_when_it_pays():
+    plain = Engine(CycleRunner(), CharTokenizer()).generate(PROMPT, max_tokens=40)
+    pl = planner(per_token_ms=0.2, prior=0.5)
+    eng = Engine(CycleRunner(), CharTokenizer(), NgramDrafter(1, 3), "auto", planner=pl)
+    r = eng.generate(PROMPT, max_tokens=40)
+    assert r.token_ids == plain.token_ids
+    assert r.stats.verification_rounds > 0 and r.stats.acceptance_rate == 1.0
+    assert max(p for _, p, _ in r.rounds) > 4  # it learnt that long drafts pay here
+
+
+def test_auto_does_not_feed_draft_model_while_plain():
+    draft_runner = CycleRunner()
+    pl = planner(per_token_ms=10.0, prior=0.9, draft=curve(10.0), online=False)  # drafting never pays
+    eng = Engine(CycleRunner(), CharTokenizer(), ModelDrafter(draft_runner), "auto", planner=pl)
+    r = eng.generate(PROMPT, max_tokens=20)
+    assert r.stats.verification_rounds == 0 and r.stats.plain_steps == 20
+    assert draft_runner.forwards == []  # never fed, not even the prompt
+
+
+def test_model_drafter_early_stop():
+    class Unsure(CycleRunner):  # right next token, but with low confidence
+        def logits_after(self, t):
+            row = super().logits_after(t)
+            row[(t + 2) % self.period] = self.sharp - 0.5
+            return row
+    dr = ModelDrafter(Unsure(sharp=2.0))
+    params = SamplingParams(0.0)
+    full = dr.propose(1, PROMPT, 6, params, None)
+    assert len(full.tokens) == 6
+    conf = float(np.exp(2.0) / (np.exp(2.0) + np.exp(1.5) + 14))  # softmax of the top token, ~0.39
+    stopped = dr.propose(2, PROMPT, 6, params, None, min_confidence=[conf ** 2 * 0.99, conf ** 3 * 1.01])
+    assert stopped.tokens == full.tokens[:2]  # token 3's cumulative confidence fell below its bar
+
+
+def test_auto_needs_a_planner_and_rejects_bad_d():
+    with pytest.raises(ValueError, match="planner"):
+        Engine(CycleRunner(), CharTokenizer(), NgramDrafter(), "auto")
+    with pytest.raises(ValueError, match="'auto'"):
+        Engine(CycleRunner(), CharTokenizer(), NgramDrafter(), "four")
