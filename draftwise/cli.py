@@ -235,6 +235,38 @@ def cmd_bench(a) -> int:
     return 0
 
 
+def cmd_serve(a) -> int:
+    from draftwise.server import ServeConfig, serve
+
+    cfg = ServeConfig(a.target, a.drafter, a.draft_model, a.num_draft_tokens, a.backend, a.threads,
+                      a.max_context, a.max_running, a.max_queue, a.spec_off_above, a.ngram_min, a.ngram_max,
+                      a.n_batch, a.fast_kernels, a.model_name)
+    print(f"draftwise serve: {cfg.model_name} on http://{a.host}:{a.port}/v1", file=sys.stderr)
+    serve(cfg, a.host, a.port, a.log_level)
+    return 0
+
+
+def _serve_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--target", default="smollm2-135m")
+    s.add_argument("--drafter", choices=("none", "model", "ngram"), default="ngram")
+    s.add_argument("--draft-model", default=None)
+    s.add_argument("--num-draft-tokens", type=int, default=4, help="default D; a request may set its own")
+    s.add_argument("--backend", choices=("torch", "llama.cpp"), default=None)
+    s.add_argument("--threads", type=int, default=None)
+    s.add_argument("--max-context", type=int, default=2048, help="tokens per sequence")
+    s.add_argument("--max-running", type=int, default=16, help="requests batched in one step")
+    s.add_argument("--max-queue", type=int, default=64, help="waiting requests beyond which the answer is 429")
+    s.add_argument("--spec-off-above", type=int, default=None, help="no speculation while more requests run")
+    s.add_argument("--ngram-min", type=int, default=2)
+    s.add_argument("--ngram-max", type=int, default=4)
+    s.add_argument("--n-batch", type=int, default=None)
+    s.add_argument("--fast-kernels", action="store_true")
+    s.add_argument("--model-name", default=None, help="served model id (default: the target spec)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--log-level", default="warning")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="draftwise", description="Exact, measured speculative decoding")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -291,6 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="measure plain decoding against speculative configurations, or servers")
     _bench_args(b)
     b.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible server with batched speculative decoding")
+    _serve_args(s)
+    s.set_defaults(fn=cmd_serve)
     return ap
 
 

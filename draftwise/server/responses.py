@@ -1,0 +1,69 @@
+"""OpenAI response objects for completions and chat completions, whole and as SSE chunks."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from draftwise.engine import Chunk, GenerationResult
+
+
+def sse(obj) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
+
+
+@dataclass(slots=True)
+class Formatter:
+    """One request's response shape: `chat` picks chat.completion(.chunk), else text_completion."""
+    model: str
+    chat: bool
+    return_token_ids: bool = False
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def _envelope(self, choices: list[dict], stream: bool) -> dict:
+        obj = "chat.completion" + (".chunk" if stream else "") if self.chat else "text_completion"
+        return {"id": ("chatcmpl-" if self.chat else "cmpl-") + self.id, "object": obj,
+                "created": self.created, "model": self.model, "choices": choices}
+
+    def _choice(self, text: str, finish: str | None, token_ids: list[int] | None, stream: bool,
+                first: bool = False) -> dict:
+        c: dict = {"index": 0}
+        if not self.chat:
+            c.update(text=text, logprobs=None)
+        elif stream:
+            c["delta"] = ({"role": "assistant"} if first else {}) | ({"content": text} if text or first else {})
+            c["logprobs"] = None
+        else:
+            c.update(message={"role": "assistant", "content": text}, logprobs=None)
+        c["finish_reason"] = finish
+        if self.return_token_ids and token_ids is not None:
+            c["token_ids"] = token_ids
+        return c
+
+    @staticmethod
+    def usage(result: GenerationResult) -> dict:
+        n = len(result.token_ids)
+        return {"prompt_tokens": result.prompt_tokens, "completion_tokens": n,
+                "total_tokens": result.prompt_tokens + n}
+
+    def whole(self, result: GenerationResult) -> dict:
+        body = self._envelope([self._choice(result.text, result.finish_reason, result.token_ids, False)], False)
+        body["usage"] = self.usage(result)
+        body["draftwise"] = {"stats": result.stats.to_dict(), "ttft_s": result.ttft_s}
+        return body
+
+    def first_chunk(self) -> str | None:
+        """Chat streams open with the assistant role, as OpenAI's do."""
+        return sse(self._envelope([self._choice("", None, None, True, first=True)], True)) if self.chat else None
+
+    def chunk(self, ch: Chunk) -> str | None:
+        if not ch.text and not ch.finish_reason and not (self.return_token_ids and ch.token_ids):
+            return None  # nothing to say yet (a split character held back)
+        return sse(self._envelope([self._choice(ch.text, ch.finish_reason, ch.token_ids, True)], True))
+
+    def usage_chunk(self, result: GenerationResult) -> str:
+        body = self._envelope([], True)
+        body["usage"] = self.usage(result)
+        return sse(body)

@@ -1,0 +1,111 @@
+"""The batched scheduler on a toy runner: same output alone and batched (greedy and seeded
+sampling), shared forwards, per-request draft length, cancellation, the queue bound."""
+import threading
+
+import pytest
+
+from draftwise.drafters.ngram import NgramDrafter
+from draftwise.engine import Engine
+from draftwise.sampling import SamplingParams
+from draftwise.scheduler import QueueFull, Request, Scheduler
+from fakes import CharTokenizer, CycleRunner
+
+PROMPTS = [[0, 1, 2, 3, 0, 1], [5, 6, 7, 5, 6], [9, 10, 11, 12, 9, 10], [3, 4, 3]]
+
+
+class Collector:
+    def __init__(self):
+        self.events = []
+        self.done = threading.Event()
+
+    def __call__(self, ev):
+        self.events.append(ev)
+        if isinstance(ev, BaseException) or ev.result is not None:
+            self.done.set()
+
+    @property
+    def result(self):
+        return self.events[-1].result
+
+
+def run_all(sched, prompts, **kw):
+    """Submit every prompt, then step the scheduler by hand until all have finished."""
+    cols = []
+    for p in prompts:
+        c = Collector()
+        sched.submit(Request(p, kw.get("max_tokens", 12), kw.get("params", SamplingParams()), c,
+                             num_draft_tokens=kw.get("d")))
+        cols.append(c)
+    while not all(c.done.is_set() for c in cols):
+        sched.step()
+    return cols
+
+
+def make(d=4, drafter=True, period=16, **kw):
+    runner = CycleRunner(period=period)
+    return runner, Scheduler(runner, CharTokenizer(), NgramDrafter(1, 3) if drafter else None, d, **kw)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0, seed=7)])
+def test_same_output_alone_and_batched(params):
+    alone = [Engine(CycleRunner(period=16), CharTokenizer(), NgramDrafter(1, 3), 4)
+             .generate(p, max_tokens=12, temperature=params.temperature, seed=params.seed).token_ids
+             for p in PROMPTS]
+    runner, sched = make()
+    cols = run_all(sched, PROMPTS, params=params)
+    assert [c.result.token_ids for c in cols] == alone
+    assert max(len(f) for f in runner.forwards) == len(PROMPTS)  # one forward carried all of them
+    assert runner.seqs == {}  # all freed
+    s = cols[0].result.stats
+    assert s.emitted_tokens == 12 == s.plain_steps + s.round_emitted_tokens
+
+
+def test_per_request_draft_length_and_load_switch():
+    _, sched = make()
+    off, on = run_all(sched, PROMPTS[:2], d=0)[0], run_all(sched, PROMPTS[:1], d=2)[0]
+    assert off.result.stats.verification_rounds == 0 and off.result.stats.plain_steps == 12
+    assert on.result.stats.proposed_per_position and len(on.result.stats.proposed_per_position) == 2
+    _, sched = make(spec_off_above=2)  # 4 running > 2: speculation off while all run together
+    cols = run_all(sched, PROMPTS)
+    assert all(c.result.stats.verification_rounds == 0 for c in cols)
+
+
+def test_cancel_frees_state_and_queue_bound():
+    runner, sched = make(max_running=2, max_queue=1)
+    a, b = Collector(), Collector()
+    ra = Request(PROMPTS[0], 50, SamplingParams(), a)
+    sched.submit(ra)
+    sched.step()  # admitted and running
+    sched.submit(Request(PROMPTS[1], 50, SamplingParams(), b))
+    with pytest.raises(QueueFull):
+        sched.submit(Request(PROMPTS[2], 50, SamplingParams(), Collector()))
+    sched.step()
+    assert len(runner.seqs) == 2 and sched.counts() == (0, 2)
+    ra.cancel()
+    sched.step()
+    assert len(runner.seqs) == 1 and sched.counts() == (0, 1) and not a.done.is_set()
+    with pytest.raises(ValueError, match="exceeds the context"):
+        sched.submit(Request(PROMPTS[0], 600, SamplingParams(), Collector()))
+    sched.close()
+    assert runner.seqs == {} and isinstance(b.events[-1], RuntimeError)
+
+
+def test_thread_and_failed_delivery_cancels():
+    runner, sched = make()
+    sched.start()
+    c = Collector()
+    sched.submit(Request(PROMPTS[0], 20, SamplingParams(), c))
+    assert c.done.wait(10) and c.result.token_ids
+
+    def gone(ev):
+        raise RuntimeError("event loop closed")
+    sched.submit(Request(PROMPTS[1], 400, SamplingParams(), gone))
+    c2 = Collector()
+    sched.submit(Request(PROMPTS[2], 5, SamplingParams(), c2))
+    assert c2.done.wait(10)
+    for _ in range(1000):  # the undeliverable request is dropped at the scheduler's next step
+        if sched.counts() == (0, 0):
+            break
+        threading.Event().wait(0.01)
+    assert sched.counts() == (0, 0) and runner.seqs == {}
+    sched.close()

@@ -1,0 +1,165 @@
+"""draftwise serve over real HTTP on loopback, smollm2-135m on llama.cpp: the official openai
+client, greedy identity alone vs concurrent, batched forwards, per-request speculation control,
+errors, cancellation on disconnect, the queue bound."""
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from draftwise.bench.endpoint import parse_prometheus
+from draftwise.compare import divergence_report
+from draftwise.prompts import load_workload
+from serving import LiveServer
+
+pytest.importorskip("llama_cpp")
+MODEL = "smollm2-135m"
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = LiveServer()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+
+
+def metric(srv, name, **labels):
+    text = httpx.get(srv.url + "/metrics").text
+    return sum(v for n, lab, v in parse_prometheus(text) if n == name and all(lab.get(k) == w for k, w in labels.items()))
+
+
+def complete(srv, **body):
+    r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "temperature": 0, **body}, timeout=120)
+    return r.status_code, r.json()
+
+
+def test_openai_client_stream_and_not(client):
+    kw = dict(model=MODEL, prompt="def fibonacci(n):", max_tokens=16, temperature=0)
+    whole = client.completions.create(**kw)
+    assert whole.usage.completion_tokens == 16 and whole.choices[0].finish_reason == "length"
+    parts = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert "".join(p.choices[0].text for p in parts if p.choices) == whole.choices[0].text
+    assert parts[-1].usage.completion_tokens == 16
+
+    msgs = [{"role": "user", "content": "Name three colours."}]
+    chat = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0)
+    assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 12
+    streamed = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert text == chat.choices[0].message.content
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_greedy_identity_alone_vs_concurrent_and_batched_forwards(srv):
+    from draftwise.models.load import load_tokenizer
+    from draftwise.models.registry import resolve
+
+    tok = load_tokenizer(resolve(MODEL))
+    prompts = [p.token_ids(tok)[-120:] for p in load_workload("editeval", 6)][:6]
+    alone = [complete(srv, prompt=p, max_tokens=24, return_token_ids=True)[1]["choices"][0]["token_ids"]
+             for p in prompts]
+    steps_before = metric(srv, "draftwise:forward_sequences_count", kind="step")
+    single_before = metric(srv, "draftwise:forward_sequences_bucket", kind="step", le="1.0")
+    gate, out = threading.Barrier(len(prompts)), [None] * len(prompts)
+
+    def one(i):
+        gate.wait()
+        out[i] = complete(srv, prompt=prompts[i], max_tokens=24, return_token_ids=True)[1]["choices"][0]["token_ids"]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    multi = (metric(srv, "draftwise:forward_sequences_count", kind="step") - steps_before) \
+        - (metric(srv, "draftwise:forward_sequences_bucket", kind="step", le="1.0") - single_before)
+    assert multi > 0, "no target forward carried more than one sequence under concurrent load"
+    diverged = [(i, divergence_report(srv.scheduler.target, prompts[i], alone[i], out[i]))  # server idle now
+                for i in range(len(prompts)) if out[i] != alone[i]]
+    assert not diverged, f"batched greedy output differs from alone (first divergence, top-2 margins): {diverged}"
+
+
+def test_per_request_speculation_control(srv):
+    p = "a = [1, 2, 3]\nb = [1, 2, 3]\nc = [1, 2, 3]\nd = [1, 2,"
+    _, on = complete(srv, prompt=p, max_tokens=20)
+    _, off = complete(srv, prompt=p, max_tokens=20, speculation=False)
+    _, d2 = complete(srv, prompt=p, max_tokens=20, num_draft_tokens=2)
+    assert on["choices"][0]["text"] == off["choices"][0]["text"] == d2["choices"][0]["text"]
+    assert on["draftwise"]["stats"]["verification_rounds"] > 0
+    assert off["draftwise"]["stats"]["verification_rounds"] == 0
+    assert len(d2["draftwise"]["stats"]["proposed_per_position"]) == 2
+    assert metric(srv, "vllm:spec_decode_num_drafts_total") > 0
+    assert metric(srv, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position="0") > 0
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"model": "nope", "prompt": "a"}, "model"),
+    ({"prompt": "a", "n": 2}, "n"),
+    ({"prompt": "a", "logprobs": 2}, "logprobs"),
+    ({"prompt": "a", "echo": True}, "echo"),
+    ({"prompt": "a", "temperature": -1}, "temperature"),
+    ({"prompt": "a", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": [5] * 600}, None),  # longer than the context (512)
+    ({"prompt": [10 ** 9]}, None),  # token id out of the vocabulary
+    ({"prompt": "a", "stop": [""]}, None),
+    ({}, "prompt"),
+])
+def test_bad_requests_are_400_with_openai_error(srv, body, param):
+    r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["message"]
+    if param:
+        assert err["param"] == param
+
+
+def test_bad_requests_through_openai_client(srv, client):
+    with pytest.raises(openai.BadRequestError, match="not implemented by draftwise: logprobs"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], logprobs=True)
+    r = httpx.post(srv.url + "/v1/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "error" in r.json()
+
+
+def test_disconnect_cancels_and_frees_kv(srv):
+    cancelled = metric(srv, "draftwise:requests_cancelled_total")
+    body = {"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 480, "temperature": 0, "stream": True}
+    with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data:"))
+        assert json.loads(first[5:])["choices"][0]["finish_reason"] is None
+    deadline = time.time() + 20
+    while time.time() < deadline and srv.scheduler.counts() != (0, 0):
+        time.sleep(0.05)
+    assert srv.scheduler.counts() == (0, 0)
+    assert srv.scheduler.target._lengths == {}  # the runner holds no sequence
+    assert metric(srv, "draftwise:requests_cancelled_total") == cancelled + 1
+
+
+def test_queue_overflow_gives_429():
+    s = LiveServer(max_running=1, max_queue=1)
+    try:
+        gate, codes = threading.Barrier(6), []
+
+        def one():
+            gate.wait()
+            r = httpx.post(s.url + "/v1/completions", timeout=120, json={
+                "model": MODEL, "prompt": "Once upon a time", "max_tokens": 32, "temperature": 0})
+            codes.append((r.status_code, r.json()))
+        threads = [threading.Thread(target=one) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        statuses = sorted(c for c, _ in codes)
+        assert 200 in statuses and 429 in statuses and set(statuses) <= {200, 429}, statuses
+        assert all(b["error"]["type"] == "rate_limit_exceeded" for c, b in codes if c == 429)
+        assert metric(s, "draftwise:requests_rejected_total", reason="queue_full") == statuses.count(429)
+        assert s.scheduler.target._lengths == {}
+    finally:
+        s.close()
