@@ -83,7 +83,7 @@ def make_planner(runner, drafter, max_draft: int = 16, batch_sizes=(1,), log=pri
     from draftwise.profile import cached_profile
 
     log = log if log is not print else (lambda m: print(m, file=sys.stderr))
-    ks = range(1, max_draft + 2)
+    ks = range(1, max(max_draft, 16) + 2)  # k = 1..17 at least: one cached profile serves every D
     verify = CostCurve.from_profile(cached_profile(runner, batch_sizes, ks, log=log))
     draft = None
     if not drafter.cheap:

@@ -165,7 +165,7 @@ class Engine:
                 ctx += res.tokens
                 chunk = self._commit(out, res.tokens, stats, t0, times, bool(prop.tokens))
                 if req is not None:
-                    self._learn(req, plan, prop, res, shadow, logits, params,
+                    self._learn(req, plan, prop, res, shadow, logits, params, stats,
                                 (len(feed), t_fwd, t_draft - t, time.perf_counter() - t))
             stats.wall_s = time.perf_counter() - t0
             stats.other_s = stats.wall_s - stats.prefill_s - stats.draft_s - stats.verify_s
@@ -240,9 +240,12 @@ class Engine:
         return self.drafter.propose(key, ctx, plan.d, params, gen, plan.min_confidence), plan, None
 
     def _learn(self, req, plan: Plan, prop: Proposal, res: VerifyResult, shadow: int | None,
-               logits: torch.Tensor, params: SamplingParams, times: tuple[int, float, float, float]) -> None:
+               logits: torch.Tensor, params: SamplingParams, stats: SpecStats,
+               times: tuple[int, float, float, float]) -> None:
         """Feed the round's outcome and measured times back to the planner."""
         k, t_fwd, t_draft, t_round = times
+        stats.predicted_s += plan.tokens / plan.rate
+        stats.predicted_plain_s += plan.tokens / plan.plain_rate
         self.planner.commit(req, plan, len(prop.tokens), res.num_accepted, len(res.tokens))
         if shadow is not None:  # P(accept) of the unverified token: p(x) at the plain step's position
             p = 1.0 if params.greedy and int(logits[0].argmax()) == shadow else 0.0

@@ -55,7 +55,8 @@ class CostCurve:
         s = self._s[b]
         if k <= len(s):
             return float(s[k - 1])
-        slope = float(s[-1] - s[-2]) if len(s) > 1 else float(s[-1])
+        # past the last point: the mean cost per extra token over the measured range, never negative
+        slope = max(float(s[-1] - s[0]) / (len(s) - 1), 0.0) if len(s) > 1 else float(s[-1])
         return float(s[-1]) + slope * (k - len(s))
 
     def raw(self, k: int, b: int = 1) -> float:
@@ -137,6 +138,7 @@ class Plan:
     plain_rate: float  # predicted tokens per second of a plain step
     min_confidence: list[float] = field(default_factory=list)  # early stop: see Planner.plan
     behind: int = 1  # tokens the draft model catches up on before drafting
+    tokens: float = 1.0  # expected tokens emitted by this round, E[N](d)
 
 
 @dataclass(slots=True)
@@ -205,11 +207,12 @@ class Planner:
             if saved <= catch_up:
                 return Plan(0, r_plain, r_plain)
         conf = []
+        tokens = expected_tokens(alpha, best_d)
         if self.draft is not None:
             for i in range(1, best_d):  # before proposing token i+1
                 marginal = self.draft(1) + self.verify(i + 2, n_seqs) - self.verify(i + 1, n_seqs)
                 conf.append(best_r * max(marginal, 0.0))
-        return Plan(best_d, best_r, r_plain, conf)
+        return Plan(best_d, best_r, r_plain, conf, tokens=tokens)
 
     def commit(self, req: RequestPlan, plan: Plan, proposed: int, accepted: int, emitted: int) -> None:
         """After a round (or plain step): update the request's and the workload's acceptance."""

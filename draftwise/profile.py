@@ -155,7 +155,7 @@ def _cpu_model() -> str:
 
 
 def cached_profile(runner: ModelRunner, batch_sizes: Sequence[int] = (1,), ks: Iterable[int] = range(1, 18),
-                   context_len: int = 256, repeats: int = 2, log=None) -> ProfileResult:
+                   context_len: int = 256, repeats: int = 3, log=None) -> ProfileResult:
     """The runner's forward-cost curve, measured once per model, settings and machine and kept in
     the cache directory (`draftwise profile --refresh` or deleting the file measures it again)."""
     import hashlib
@@ -172,6 +172,9 @@ def cached_profile(runner: ModelRunner, batch_sizes: Sequence[int] = (1,), ks: I
         path = cache_dir() / "profiles" / f"{runner.backend}-{key}.json"
         if path.is_file():
             return ProfileResult.load(path)
+    if log and os.getloadavg()[0] > (os.cpu_count() or 1):
+        log(f"warning: load average {os.getloadavg()[0]:.1f} exceeds {os.cpu_count()} cores: the curve "
+            "measured now will be slow; delete it from the cache once the machine is quiet")
     if log:
         log(f"measuring the forward-cost curve of {ident.get('model') if ident else 'the model'} "
             f"({runner.backend}, k={ks[0]}..{ks[-1]}, batch {list(batch_sizes)}); kept for later runs")

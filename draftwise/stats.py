@@ -43,6 +43,10 @@ class SpecStats:
     other_s: float = 0.0
     wall_s: float = 0.0
     requests: int = 1
+    # with --num-draft-tokens auto: the planner's predicted seconds for the steps it planned, and
+    # for plain steps emitting the same expected tokens (their ratio is its predicted speedup)
+    predicted_s: float = 0.0
+    predicted_plain_s: float = 0.0
 
     def record_round(self, proposed: int, accepted: int) -> None:
         self.verification_rounds += 1
@@ -81,13 +85,17 @@ class SpecStats:
         return 1000.0 * self.wall_s / self.emitted_tokens if self.emitted_tokens else None
 
     @property
+    def predicted_speedup(self) -> float | None:
+        return self.predicted_plain_s / self.predicted_s if self.predicted_s > 0 else None
+
+    @property
     def tokens_per_s(self) -> float | None:
         return self.emitted_tokens / self.wall_s if self.wall_s > 0 else None
 
     def to_dict(self) -> dict:
         d = asdict(self)
         for k in ("acceptance_rate", "acceptance_length", "per_position_acceptance",
-                  "ms_per_emitted_token", "tokens_per_s"):
+                  "ms_per_emitted_token", "tokens_per_s", "predicted_speedup"):
             d[k] = getattr(self, k)
         return d
 

@@ -114,7 +114,8 @@ def test_batch_sizes_interpolate_and_extrapolate():
     c = CostCurve({1: [10.0, 12.0], 4: [40.0, 48.0]})
     assert c(1, 2) == pytest.approx(0.020) and c(2, 2) == pytest.approx(0.024)
     assert c(1, 8) == pytest.approx(0.080)  # past the largest b: extends the 1 -> 4 segment
-    assert c(3, 1) == pytest.approx(0.014)  # past the largest k: extends the last step
+    assert c(3, 1) == pytest.approx(0.014)  # past the largest k: the mean step over the measured range
+    assert CostCurve({1: [10.0, 30.0, 20.0]})(5) == pytest.approx(0.030)  # never a falling extension
 
 
 def test_curve_from_profile_requires_every_k():

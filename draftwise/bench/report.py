@@ -9,7 +9,7 @@ from pathlib import Path
 from draftwise.bench.plots import figures
 from draftwise.bench.summary import Row, Summary
 
-_COLS = ("config", "conc", "req", "tok/s", "ms/tok", "speedup [95% CI]", "acc", "AL",
+_COLS = ("config", "conc", "req", "tok/s", "ms/tok", "speedup [95% CI]", "pred", "acc", "AL",
          "TTFT p50 ms", "ITL p50 ms", "E2E p95 s", "RSS+ MB", "mism")
 
 
@@ -32,6 +32,7 @@ def _cells(r: Row, baseline: str) -> list[str]:
     mb = None if r.rss_growth_bytes is None else r.rss_growth_bytes / 2**20
     return [r.config, f"{r.concurrency}{'*' if r.sequential else ''}", str(r.requests),
             _f(r.tokens_per_s, "{:.2f}"), _f(r.ms_per_token, "{:.1f}"), speedup_text(r, baseline),
+            _f(r.predicted_speedup, "{:.2f}×"),
             _f(r.acceptance_rate, "{:.3f}"), _f(r.acceptance_length, "{:.2f}"),
             _f(r.ttft.p50 and 1000 * r.ttft.p50, "{:.0f}"), _f(r.itl.p50 and 1000 * r.itl.p50, "{:.1f}"),
             _f(r.e2e.p95, "{:.2f}"), _f(mb, "{:.0f}"), str(r.mismatches)]

@@ -79,6 +79,7 @@ class Row:
     speedup_hi: float | None = None
     acceptance_rate: float | None = None
     acceptance_length: float | None = None
+    predicted_speedup: float | None = None  # the planner's own prediction (auto configurations)
     per_position_acceptance: list[float] = field(default_factory=list)
     step_ms: dict | None = None  # per target step after prefill: draft, verify, other; and prefill per request
     rss_peak_bytes: int | None = None
@@ -184,6 +185,7 @@ def _row(scope, config, conc, recs, base, servers, describe, mism, n_boot, seed)
         s = aggregate(st)
         row.acceptance_rate, row.acceptance_length = s.acceptance_rate, s.acceptance_length
         row.per_position_acceptance = s.per_position_acceptance
+        row.predicted_speedup = s.predicted_speedup
         steps = s.verification_rounds + s.plain_steps - s.requests
         if s.requests and s.wall_s > 0:
             row.step_ms = {"prefill_per_request": 1000 * s.prefill_s / s.requests, "steps": steps,
