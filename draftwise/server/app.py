@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from draftwise.sampling import SamplingParams
 from draftwise.scheduler import QueueFull, Request, Scheduler
@@ -110,6 +110,8 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, metrics: Server
         try:
             while True:
                 ev = await _next(events, http)
+                if ev is None:  # the client has gone: nobody to answer
+                    return Response(status_code=499)
                 if isinstance(ev, BaseException):
                     return JSONResponse(error_json(500, f"generation failed: {ev}"), status_code=500)
                 if ev.result is not None:
@@ -123,6 +125,8 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, metrics: Server
                 yield first
             while True:
                 ev = await _next(events, http)
+                if ev is None:
+                    return
                 if isinstance(ev, BaseException):
                     yield sse(error_json(500, f"generation failed: {ev}"))
                     break
@@ -140,13 +144,13 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, metrics: Server
 
 
 async def _next(events: asyncio.Queue, http: HttpRequest):
-    """The next scheduler event; raises CancelledError if the client has gone meanwhile."""
+    """The next scheduler event, or None once the client has disconnected."""
     while True:
         try:
             return await asyncio.wait_for(events.get(), _POLL_S)
         except asyncio.TimeoutError:
             if await http.is_disconnected():
-                raise asyncio.CancelledError("client disconnected") from None
+                return None
 
 
 def _check(body, model_name: str) -> None:
