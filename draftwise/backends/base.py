@@ -24,7 +24,7 @@ class ModelRunner(Protocol):
         seq_ids: list[int],
         tokens: list[list[int]],  # new tokens per sequence, appended to its KV state
         num_logits: list[int],  # per sequence: logits for the last k of its new tokens
-    ) -> list[torch.Tensor]:  # per sequence: [k, vocab_size] float32
+    ) -> list[torch.Tensor]:  # per sequence: [k, vocab_size] float32 on the CPU
         ...
 
     def truncate(self, seq_id: int, n: int) -> None: ...

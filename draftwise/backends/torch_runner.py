@@ -44,7 +44,7 @@ class TorchRunner:
             ids = torch.tensor([toks], dtype=torch.long, device=self.device)  # [1, n]
             res = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=max(k, 1))
             logits = res.logits[0, -k:] if k else res.logits[0, :0]  # [k, V]
-            out.append(logits.float())
+            out.append(logits.float().cpu())  # verification runs on the host, for either device
         return out
 
     def truncate(self, seq_id: int, n: int) -> None:
