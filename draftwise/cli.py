@@ -235,6 +235,89 @@ def cmd_bench(a) -> int:
     return 0
 
 
+def cmd_plan(a) -> int:
+    from pathlib import Path
+
+    from draftwise.bench import BenchConfig, run_bench, summarise
+    from draftwise.bench.config import load_prompts
+    from draftwise.build import build_engine, make_planner
+    from draftwise.drafters.model import ModelDrafter
+    from draftwise.engine import Engine
+    from draftwise.plan import (calibrate, curves_text, engine_configs, pilot, predict, save_engine_configs,
+                                write_predictions)
+
+    out = Path(a.out)
+    if a.endpoint:
+        return _plan_endpoint(a, out)
+    if a.drafter == "none":
+        raise ValueError("plan chooses a draft length: choose --drafter model or ngram")
+    a.num_draft_tokens = a.pilot_d
+    spec_engine, runner, tok = build_engine(_spec(a))
+    drafter = spec_engine.drafter
+    planner = make_planner(runner, drafter, max_draft=a.pilot_d)
+    cfg = BenchConfig(target=a.target, draft_model=a.draft_model, backend=spec_engine.target.backend,
+                      max_tokens=a.max_tokens, workload=a.workload, n_per_category=a.n or None, seed=a.seed,
+                      configs=("plain",), out_dir=str(out / "bench"), margins=False)
+    prompts = load_prompts(cfg)
+    ids = [p.token_ids(tok) for p in prompts]
+    print(f"pilot: {len(ids)} prompts x {a.pilot_tokens} tokens at D={a.pilot_d}", file=sys.stderr)
+    pil = pilot(spec_engine, ids, a.pilot_tokens)
+    calibrate(planner, pil)
+    pred = predict(planner, pil)
+    best = max(pred, key=pred.get)
+    path = write_predictions(out, planner, pred, pil, {"target": a.target, "drafter": a.drafter,
+                                                       "backend": runner.backend, "workload": a.workload})
+    print(curves_text(planner))
+    print("predicted speedup over plain decoding per fixed D (replay of the pilot on the curves):")
+    print("  " + "  ".join(f"D={d}: {v:.2f}x" for d, v in pred.items()))
+    print(f"chosen: --num-draft-tokens auto (per round); best fixed D = {best} ({pred[best]:.2f}x); "
+          f"predictions written to {path} before the measured run")
+    cfgs = engine_configs(a.drafter, best, a.draft_model, (a.ngram_min, a.ngram_max), a.target)
+    for p_ in save_engine_configs(out, cfgs):
+        print(f"wrote {p_}")
+    if a.no_measure:
+        return 0
+    engines = {"plain": Engine(runner, tok), f"{a.drafter}:auto": Engine(runner, tok, drafter, "auto",
+                                                                          planner=planner)}
+    if best > 0:
+        other = ModelDrafter(drafter.runner) if a.drafter == "model" else type(drafter)(a.ngram_min, a.ngram_max)
+        engines[f"{a.drafter}:{best}"] = Engine(runner, tok, other, best)
+    cfg.configs, cfg.margins = tuple(engines), True
+    run_bench(cfg, engines=engines, tokenizer=tok, prompts=prompts, progress=not a.no_progress)
+    s = summarise(cfg.out_dir)
+    print(f"{'config':<14} {'predicted':>9} {'measured [95% CI]':>26}")
+    for r in s.rows:
+        if r.scope != "all" or r.config == "plain":
+            continue
+        d = r.config.split(":")[1]
+        guess = pred[int(d)] if d != "auto" else r.predicted_speedup
+        ci = f"[{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]" if r.speedup_lo is not None else ""
+        print(f"{r.config:<14} {guess or 0:>8.2f}x {r.speedup:>9.2f}x {ci:>16}")
+    print(f"(auto's prediction is the planner's own, summed over the rounds it planned; "
+          f"outputs checked: {len(s.mismatches)} mismatches of {s.checked})")
+    return 0
+
+
+def _plan_endpoint(a, out) -> int:
+    """Measure a deployed engine: speculative endpoint against a plain one, acceptance from its counters."""
+    from draftwise.bench import BenchConfig, run_bench, summarise
+
+    eps = {"speculative": a.endpoint}
+    if a.baseline_endpoint:
+        eps = {"plain": a.baseline_endpoint, **eps}
+    cfg = BenchConfig(target=a.target, max_tokens=a.max_tokens, workload=a.workload, n_per_category=a.n or None,
+                      seed=a.seed, endpoints=eps, out_dir=str(out / "endpoint"), margins=False)
+    run_bench(cfg, progress=not a.no_progress)
+    s = summarise(cfg.out_dir)
+    print(s.table())
+    for r in s.rows:
+        if r.scope == "all" and r.per_position_acceptance:
+            print(f"{r.config}: per-position acceptance {[round(x, 3) for x in r.per_position_acceptance]}")
+    print("the deployed engine's forward cost cannot be profiled from outside: this measures its speedup "
+          "and acceptance; run plan in process on the same hardware to predict D")
+    return 0
+
+
 def cmd_serve(a) -> int:
     from draftwise.server import ServeConfig, serve
 
@@ -308,6 +391,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use a known-wrong acceptance rule, to see the check fail")
     v.add_argument("--json", default=None, help="also write the report to this file")
     v.set_defaults(fn=cmd_verify)
+
+    pl = sub.add_parser("plan", help="measured curves, predicted speedup per D, then the measured speedup")
+    _engine_args(pl)
+    pl.add_argument("--workload", default="editeval", help="as for bench")
+    pl.add_argument("--n", type=int, default=3, help="prompts per category")
+    pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--max-tokens", type=int, default=64, help="measured run: tokens per request")
+    pl.add_argument("--pilot-tokens", type=int, default=32)
+    pl.add_argument("--pilot-d", type=int, default=8, help="D of the pilot run (the largest D predicted)")
+    pl.add_argument("--out", default="results/plan")
+    pl.add_argument("--no-measure", action="store_true", help="predict and write the settings only")
+    pl.add_argument("--endpoint", default=None, help="measure a deployed OpenAI-compatible engine instead")
+    pl.add_argument("--baseline-endpoint", default=None, help="the same engine without speculation")
+    pl.add_argument("--no-progress", action="store_true")
+    pl.set_defaults(fn=cmd_plan)
 
     p = sub.add_parser("profile", help="time one forward over k new tokens (logits at all k), per k and batch")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
