@@ -323,7 +323,7 @@ def cmd_serve(a) -> int:
 
     cfg = ServeConfig(a.target, a.drafter, a.draft_model, a.num_draft_tokens, a.backend, a.threads,
                       a.max_context, a.max_running, a.max_queue, a.spec_off_above, a.ngram_min, a.ngram_max,
-                      a.n_batch, a.fast_kernels, a.model_name)
+                      a.n_batch, a.fast_kernels, a.model_name, a.pad_ragged)
     print(f"draftwise serve: {cfg.model_name} on http://{a.host}:{a.port}/v1", file=sys.stderr)
     serve(cfg, a.host, a.port, a.log_level)
     return 0
@@ -345,6 +345,8 @@ def _serve_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--n-batch", type=int, default=None)
     s.add_argument("--fast-kernels", action="store_true")
     s.add_argument("--model-name", default=None, help="served model id (default: the target spec)")
+    s.add_argument("--pad-ragged", action="store_true", help="llama.cpp: pad each step's per-sequence feeds "
+                   "to equal length, so the step is one ubatch (see docs/server.md)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--log-level", default="warning")

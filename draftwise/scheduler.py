@@ -89,7 +89,8 @@ class Scheduler:
     def __init__(self, target: ModelRunner, tokenizer, drafter: Drafter | None = None,
                  num_draft_tokens: int = 4, max_running: int = 16, max_queue: int = 64,
                  spec_off_above: int | None = None,
-                 choose_draft_len: Callable[[RequestState, int], int] | None = None, observer=None):
+                 choose_draft_len: Callable[[RequestState, int], int] | None = None, observer=None,
+                 pad_ragged: bool = False):
         if num_draft_tokens < 0 or max_running < 1 or max_queue < 0:
             raise ValueError("need num_draft_tokens >= 0, max_running >= 1, max_queue >= 0")
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
@@ -99,6 +100,9 @@ class Scheduler:
         self.max_queue = max_queue
         self.choose_draft_len = choose_draft_len or self.default_draft_len
         self.observer = observer or NullObserver()
+        # llama.cpp with per-sequence KV streams splits a batch into ubatches of equally many tokens
+        # per sequence: ragged k costs extra weight passes; padding trades them for wasted rows
+        self.pad_ragged = pad_ragged
         self._waiting: deque[Request] = deque()
         self._running: list[RequestState] = []
         self._cond = threading.Condition()
@@ -237,8 +241,12 @@ class Scheduler:
         if not live:
             return
         feeds = [[st.ctx[-1]] + p.tokens for st, p in live]
+        if self.pad_ragged:  # equal k per sequence: one llama.cpp ubatch; the padding's KV is truncated below
+            k = max(map(len, feeds))
+            room = [self.target.max_context - (len(st.ctx) - 1) for st, _ in live]
+            feeds = [f + [f[-1]] * (min(k, r) - len(f)) for f, r in zip(feeds, room)]
         t = time.perf_counter()
-        try:  # verify: one forward, d+1 logits rows per sequence
+        try:  # verify: one forward, d+1 logits rows per sequence (first d+1 rows when padded)
             logits = self.target.forward([st.seq for st, _ in live], feeds, [len(f) for f in feeds])
         except Exception as e:  # noqa: BLE001
             for st, _ in live:
@@ -249,7 +257,7 @@ class Scheduler:
         self.observer.phase("verify", dt)
         t = time.perf_counter()
         for (st, prop), rows in zip(live, logits):
-            res = _verify(rows, prop, st.req.params, st.gen)
+            res = _verify(rows[: len(prop.tokens) + 1], prop, st.req.params, st.gen)
             self.target.truncate(st.seq, len(st.ctx) + res.num_accepted)  # drop the rejected draft's KV
             st.stats.verify_s += dt  # the shared forward's wall time: each request waited for all of it
             if prop.tokens:

@@ -46,18 +46,41 @@ def make(d=4, drafter=True, period=16, **kw):
     return runner, Scheduler(runner, CharTokenizer(), NgramDrafter(1, 3) if drafter else None, d, **kw)
 
 
+@pytest.mark.parametrize("pad", [False, True])
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0, seed=7)])
-def test_same_output_alone_and_batched(params):
+def test_same_output_alone_and_batched(params, pad):
     alone = [Engine(CycleRunner(period=16), CharTokenizer(), NgramDrafter(1, 3), 4)
              .generate(p, max_tokens=12, temperature=params.temperature, seed=params.seed).token_ids
              for p in PROMPTS]
-    runner, sched = make()
+    runner, sched = make(pad_ragged=pad)
     cols = run_all(sched, PROMPTS, params=params)
     assert [c.result.token_ids for c in cols] == alone
     assert max(len(f) for f in runner.forwards) == len(PROMPTS)  # one forward carried all of them
     assert runner.seqs == {}  # all freed
     s = cols[0].result.stats
     assert s.emitted_tokens == 12 == s.plain_steps + s.round_emitted_tokens
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_mixed_draft_lengths_in_one_batch(pad):
+    ds = [0, 4, 1, 3]
+    alone = [Engine(CycleRunner(period=16), CharTokenizer(), NgramDrafter(1, 3), d).generate(p, max_tokens=12).token_ids
+             for p, d in zip(PROMPTS, ds)]
+    runner, sched = make(pad_ragged=pad)
+    fed = []
+    forward = runner.forward
+    runner.forward = lambda s, toks, k: fed.append([len(t) for t in toks]) or forward(s, toks, k)
+    cols = []
+    for p, d in zip(PROMPTS, ds):
+        c = Collector()
+        sched.submit(Request(p, 12, SamplingParams(), c, num_draft_tokens=d))
+        cols.append(c)
+    while not all(c.done.is_set() for c in cols):
+        sched.step()
+    assert [c.result.token_ids for c in cols] == alone
+    steps = [f for f in fed if len(f) > 1]
+    assert steps and all(len(set(f)) == 1 for f in steps) == pad  # padded: equal k per sequence
+    assert runner.seqs == {}
 
 
 def test_per_request_draft_length_and_load_switch():

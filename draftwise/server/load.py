@@ -25,6 +25,7 @@ class ServeConfig:
     n_batch: int | None = None
     fast_kernels: bool = False
     model_name: str | None = None  # served name; default: the target spec
+    pad_ragged: bool = False  # llama.cpp: pad each step's feeds to equal length (one ubatch)
 
     def __post_init__(self) -> None:
         if self.drafter not in ("none", "ngram", "model"):
@@ -86,4 +87,4 @@ def build_scheduler(cfg: ServeConfig, observer=None) -> tuple[Scheduler, LockedT
         drafter = ModelDrafter(d_runner)
     locked = LockedTokenizer(tok)
     return Scheduler(runner, locked, drafter, cfg.num_draft_tokens, cfg.max_running, cfg.max_queue,
-                     cfg.spec_off_above, observer=observer), locked
+                     cfg.spec_off_above, observer=observer, pad_ragged=cfg.pad_ragged), locked
