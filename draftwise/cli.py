@@ -263,12 +263,13 @@ def cmd_plan(a) -> int:
     print(f"pilot: {len(ids)} prompts x {a.pilot_tokens} tokens at D={a.pilot_d}", file=sys.stderr)
     pil = pilot(spec_engine, ids, a.pilot_tokens)
     calibrate(planner, pil)
-    pred = predict(planner, pil)
+    pred = predict(planner, pil, a.max_tokens)
     best = max(pred, key=pred.get)
     path = write_predictions(out, planner, pred, pil, {"target": a.target, "drafter": a.drafter,
                                                        "backend": runner.backend, "workload": a.workload})
     print(curves_text(planner))
-    print("predicted speedup over plain decoding per fixed D (replay of the pilot on the curves):")
+    print(f"predicted speedup over plain decoding per fixed D (replay of the pilot on the curves; "
+          f"{a.max_tokens}-token requests, the pilot's mean prefill of {pil.prefill_s:.2f} s included):")
     print("  " + "  ".join(f"D={d}: {v:.2f}x" for d, v in pred.items()))
     print(f"chosen: --num-draft-tokens auto (per round); best fixed D = {best} ({pred[best]:.2f}x); "
           f"predictions written to {path} before the measured run")

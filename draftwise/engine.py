@@ -134,6 +134,8 @@ class Engine:
             first = self._plain_token(logits, params, gen)
             stats.plain_steps += 1
             stats.prefill_s = time.perf_counter() - t0
+            if req is not None:  # the prediction covers the whole request, prefill included
+                stats.predicted_s = stats.predicted_plain_s = stats.prefill_s
             ctx = prompt_ids + [first]  # invariant: the target KV holds ctx[:-1]
             chunk = self._commit(out, [first], stats, t0, times, None)
             ttft = chunk.time_s

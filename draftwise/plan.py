@@ -26,18 +26,21 @@ class Pilot:
     max_draft: int
     draft_s_per_step: float = 0.0  # measured drafting time per decode step
     other_s_per_step: float = 0.0  # measured bookkeeping per decode step
+    prefill_s: float = 0.0  # mean measured prefill per prompt
 
 
 def pilot(engine: Engine, prompts: list[list[int]], max_tokens: int) -> Pilot:
     """Greedy runs at the engine's fixed D, keeping each round's (proposed, accepted)."""
-    rounds, plain, draft_s, other_s = [], 0, 0.0, 0.0
+    rounds, plain, draft_s, other_s, prefill_s = [], 0, 0.0, 0.0, 0.0
     for ids in prompts:
         r: GenerationResult = engine.generate(ids, max_tokens=max_tokens)
         rounds += [(p, a) for _, p, a in r.rounds]
         plain += r.stats.plain_steps - 1  # the prefill step is not a decode step
         draft_s, other_s = draft_s + r.stats.draft_s, other_s + r.stats.other_s
+        prefill_s += r.stats.prefill_s
     steps = max(len(rounds) + plain, 1)
-    return Pilot(rounds, plain, engine.num_draft_tokens, draft_s / steps, other_s / steps)
+    return Pilot(rounds, plain, engine.num_draft_tokens, draft_s / steps, other_s / steps,
+                 prefill_s / max(len(prompts), 1))
 
 
 def calibrate(planner: Planner, p: Pilot) -> None:
@@ -47,8 +50,9 @@ def calibrate(planner: Planner, p: Pilot) -> None:
     planner.overhead_s = p.other_s_per_step
 
 
-def predict(planner: Planner, p: Pilot) -> dict[int, float]:
-    """Predicted speedup over plain decoding for each fixed D in 0..pilot D (replay, above)."""
+def predict(planner: Planner, p: Pilot, max_tokens: int | None = None) -> dict[int, float]:
+    """Predicted speedup over plain decoding for each fixed D in 0..pilot D (replay, above); with
+    max_tokens, end to end for requests of that many tokens (the pilot's mean prefill included)."""
     t1 = planner.verify(1) + planner.overhead_s
     out = {}
     for d in range(0, p.max_draft + 1):
@@ -58,6 +62,8 @@ def predict(planner: Planner, p: Pilot) -> dict[int, float]:
             tokens += min(accepted, d) + 1
             time += planner.draft_cost(k) + planner.verify(k + 1) + planner.overhead_s if k else t1
         out[d] = (tokens / time) * t1 if time > 0 else 1.0
+        if max_tokens is not None:  # prefill + max_tokens decode steps, plain vs at this rate
+            out[d] = (p.prefill_s + max_tokens * t1) / (p.prefill_s + max_tokens * t1 / out[d])
     return out
 
 

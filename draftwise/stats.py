@@ -43,8 +43,9 @@ class SpecStats:
     other_s: float = 0.0
     wall_s: float = 0.0
     requests: int = 1
-    # with --num-draft-tokens auto: the planner's predicted seconds for the steps it planned, and
-    # for plain steps emitting the same expected tokens (their ratio is its predicted speedup)
+    # with --num-draft-tokens auto: measured prefill plus the planner's predicted seconds for the
+    # steps it planned, and the same for plain steps emitting the same expected tokens (their
+    # ratio is its predicted speedup)
     predicted_s: float = 0.0
     predicted_plain_s: float = 0.0
 
