@@ -32,11 +32,14 @@ class CostCurve:
     Measured points are used as they are (the curve is not smooth); k past the last measured
     point and b between or past measured batch sizes are extrapolated linearly."""
 
-    def __init__(self, ms: dict[int, list[float]]):  # batch -> [ms at k = 1, 2, ...]
+    def __init__(self, ms: dict[int, list[float]], prefill: tuple[int, float] | None = None):
+        """ms: batch -> [ms at k = 1, 2, ...]; prefill: (tokens, ms) of one long forward, which
+        prices k past the curve (a draft model catching up) by interpolating towards it."""
         if not ms or any(len(v) == 0 for v in ms.values()):
             raise ValueError("a cost curve needs at least one measured point per batch size")
         self._b = sorted(ms)
         self._s = {b: np.asarray(ms[b], dtype=np.float64) / 1e3 for b in self._b}
+        self.prefill = None if prefill is None else (int(prefill[0]), prefill[1] / 1e3)
         self.scale = 1.0  # online correction: measured / predicted, as an EMA
 
     @classmethod
@@ -49,12 +52,18 @@ class CostCurve:
             if sorted(row) != list(range(1, len(row) + 1)):
                 raise ValueError(f"profile for batch {b} must cover k = 1..K without gaps, got {sorted(row)}")
             out[b] = [row[k] for k in range(1, len(row) + 1)]
-        return cls(out)
+        pf = prof.meta.get("prefill")
+        return cls(out, (pf["tokens"], pf["ms_median"]) if pf else None)
 
     def _at_b(self, b: int, k: int) -> float:
         s = self._s[b]
         if k <= len(s):
             return float(s[k - 1])
+        if b == 1 and self.prefill is not None and self.prefill[0] > len(s):
+            n, t = self.prefill  # linear from the last measured k to the long forward, then its rate
+            if k <= n:
+                return float(s[-1]) + (t - float(s[-1])) * (k - len(s)) / (n - len(s))
+            return t * k / n
         # past the last point: the mean cost per extra token over the measured range, never negative
         slope = max(float(s[-1] - s[0]) / (len(s) - 1), 0.0) if len(s) > 1 else float(s[-1])
         return float(s[-1]) + slope * (k - len(s))
@@ -120,10 +129,17 @@ class Acceptance:
         self.seen[0] += 1
         self.acc[0] += p_accept
 
-    def relax(self) -> None:
-        """A step without any observation: let the estimate drift back toward the prior."""
-        self.acc *= self.forget
-        self.seen *= self.forget
+    def upper(self, z: float = 1.0) -> np.ndarray:  # [max_pos]
+        """An optimistic estimate, alpha + z standard deviations of the Beta posterior: wide while
+        a position has few observations, so a drafter that was never tried gets tried."""
+        a = self.alpha()
+        return np.minimum(a + z * np.sqrt(a * (1 - a) / (self.strength + self.seen + 1)), 1.0)
+
+    def relax(self, forget: float = 0.98) -> None:
+        """A step without any observation: let the estimate drift back toward the prior, slowly
+        (a request that stopped drafting probes again after tens of steps, not every few)."""
+        self.acc *= forget
+        self.seen *= forget
 
 
 def expected_tokens(alpha: np.ndarray, d: int) -> float:
@@ -138,6 +154,7 @@ class Plan:
     plain_rate: float  # predicted tokens per second of a plain step
     min_confidence: list[float] = field(default_factory=list)  # early stop: see Planner.plan
     behind: int = 1  # tokens the draft model catches up on before drafting
+    probe: bool = False  # a short draft to measure acceptance (the estimate alone says D = 0)
     tokens: float = 1.0  # expected tokens emitted by this round, E[N](d)
 
 
@@ -158,18 +175,21 @@ class Planner:
 
     def __init__(self, verify_curve: CostCurve, draft_curve: CostCurve | None = None,
                  prior: float | list[float] = 0.6, max_draft: int = 16, margin: float = 0.03,
-                 online: bool = True, prior_strength: float = 0.5):
+                 online: bool = True, prior_strength: float = 0.5, probe_max: int = 2):
         if max_draft < 1:
             raise ValueError(f"max_draft must be >= 1, got {max_draft}")
         self.verify, self.draft = verify_curve, draft_curve
-        self.max_draft, self.margin, self.online = max_draft, margin, online
+        self.max_draft, self.margin, self.online, self.probe_max = max_draft, margin, online, probe_max
         p = np.broadcast_to(np.asarray(prior, dtype=np.float64), (max_draft,)).copy()
         self.workload = Acceptance(p, strength=prior_strength, forget=0.995)  # all requests seen
         self.draft_call_s = 1e-4  # cheap drafter: seconds per propose call (EMA)
         self.overhead_s = 0.0  # per round, besides forwards and drafting (EMA)
 
     def new_request(self, max_tokens: int) -> RequestPlan:
-        return RequestPlan(Acceptance(self.workload.alpha()), max_tokens)
+        """A request starts from the workload's estimate, trusted as far as the workload has seen
+        rounds (up to 4 pseudo-rounds), so its optimism shrinks as the engine gains experience."""
+        strength = self.workload.strength + min(float(self.workload.seen[0]), 4.0)
+        return RequestPlan(Acceptance(self.workload.alpha(), strength=strength), max_tokens)
 
     def draft_cost(self, d: int, behind: int = 1) -> float:
         """Seconds to draft d tokens: one forward feeding the `behind` tokens the draft model has
@@ -188,31 +208,56 @@ class Planner:
         own probabilities for tokens 1..i+1 is below it: that token's expected gain would not pay
         for its marginal cost (one more draft forward and one more verified position) at the rate
         this plan expects."""
-        alpha = req.acceptance.alpha()
         d_max = min(self.max_draft, req.remaining - 1)
         if available is not None:
             d_max = min(d_max, available)
-        t_plain = self.verify(1, n_seqs) + self.overhead_s
-        r_plain = 1.0 / t_plain
-        best_d, best_r = 0, r_plain
-        for d in range(1, max(d_max, 0) + 1):
-            r = expected_tokens(alpha, d) / (self.draft_cost(d) + self.verify(d + 1, n_seqs) + self.overhead_s)
-            if r > best_r:
-                best_d, best_r = d, r
-        if best_d == 0 or best_r < r_plain * (1 + self.margin):
+        r_plain = 1.0 / (self.verify(1, n_seqs) + self.overhead_s)
+        best_d, best_r = self._best(req.acceptance.alpha(), d_max, n_seqs, r_plain)
+        if best_d == 0 and self.probe_max > 0 and self.draft is not None:  # would optimism pay? probe
+            d_up, r_up = self._best(req.acceptance.upper(), d_max, n_seqs, r_plain)
+            if d_up > 0:
+                best_d = min(d_up, self.probe_max)
+                best_r = expected_tokens(req.acceptance.alpha(), best_d) / self._round_s(best_d, n_seqs)
+                if self._catch_up_pays(req, behind, r_plain, r_up):
+                    return Plan(best_d, best_r, r_plain, tokens=expected_tokens(req.acceptance.alpha(), best_d),
+                                probe=True)
             return Plan(0, r_plain, r_plain)
-        catch_up = self.draft_cost(1, behind) - self.draft_cost(1, 1) if self.draft is not None else 0.0
-        if catch_up > 0:  # pays once; worth it if the rest of the request saves more
-            saved = req.remaining * (1.0 / r_plain - 1.0 / best_r)
-            if saved <= catch_up:
-                return Plan(0, r_plain, r_plain)
+        if not self._catch_up_pays(req, behind, r_plain, best_r):
+            return Plan(0, r_plain, r_plain)
+        if self.probe_max > 0:  # one position deeper when optimism says so: unreached positions get tried
+            d_up, _ = self._best(req.acceptance.upper(), d_max, n_seqs, r_plain)
+            if d_up > best_d:
+                best_d += 1
+                best_r = expected_tokens(req.acceptance.alpha(), best_d) / self._round_s(best_d, n_seqs)
         conf = []
-        tokens = expected_tokens(alpha, best_d)
+        tokens = expected_tokens(req.acceptance.alpha(), best_d)
         if self.draft is not None:
             for i in range(1, best_d):  # before proposing token i+1
                 marginal = self.draft(1) + self.verify(i + 2, n_seqs) - self.verify(i + 1, n_seqs)
                 conf.append(best_r * max(marginal, 0.0))
         return Plan(best_d, best_r, r_plain, conf, tokens=tokens)
+
+    def _round_s(self, d: int, n_seqs: int) -> float:
+        return self.draft_cost(d) + self.verify(d + 1, n_seqs) + self.overhead_s
+
+    def _best(self, alpha: np.ndarray, d_max: int, n_seqs: int, r_plain: float) -> tuple[int, float]:
+        """argmax_d E[N](d) / T(d); d > 0 only if it beats plain by the margin."""
+        best_d, best_r = 0, r_plain
+        for d in range(1, max(d_max, 0) + 1):
+            r = expected_tokens(alpha, d) / self._round_s(d, n_seqs)
+            if r > best_r:
+                best_d, best_r = d, r
+        if best_r < r_plain * (1 + self.margin):
+            return 0, r_plain
+        return best_d, best_r
+
+    def _catch_up_pays(self, req: RequestPlan, behind: int, r_plain: float, r_spec: float) -> bool:
+        """A draft model that fell behind catches up once; worth it if the rest of the request,
+        at the speculative rate, saves more than that forward costs."""
+        if self.draft is None or behind <= 1:
+            return True
+        catch_up = self.draft_cost(1, behind) - self.draft_cost(1, 1)
+        return req.remaining * (1.0 / r_plain - 1.0 / r_spec) > catch_up
 
     def commit(self, req: RequestPlan, plan: Plan, proposed: int, accepted: int, emitted: int) -> None:
         """After a round (or plain step): update the request's and the workload's acceptance."""

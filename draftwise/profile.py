@@ -94,13 +94,15 @@ def profile_runner(runner: ModelRunner, ks: Iterable[int] = range(1, 18),
             raise ValueError(f"{len(tokens)} tokens given for a context of {context_len}")
     new = rng.integers(0, runner.vocab_size, (batch_sizes[-1], ks[-1])).tolist()  # [b_max, k_max]
 
-    rows = []
+    rows, prefill_ms = [], []
     for b in batch_sizes:
         seqs: list[int] = []
         try:
             for _ in range(b):
                 seqs.append(runner.new_sequence())
+                t0 = time.perf_counter()
                 runner.forward([seqs[-1]], [ctx], [0])
+                prefill_ms.append((time.perf_counter() - t0) * 1e3)
             for k in ks:
                 feed = [new[i][:k] for i in range(b)]
                 times = []
@@ -117,6 +119,8 @@ def profile_runner(runner: ModelRunner, ks: Iterable[int] = range(1, 18),
             for s in seqs:
                 runner.free(s)
     meta = {k: getattr(runner, k) for k in ("n_threads", "model_path") if hasattr(runner, k)}
+    # one sequence's forward over the whole context: what catching up on many tokens costs
+    meta["prefill"] = {"tokens": context_len, "ms_median": statistics.median(prefill_ms[1:] or prefill_ms)}
     return ProfileResult(rows, context_len, runner.backend, repeats, warmup, meta)
 
 

@@ -48,7 +48,7 @@ def test_long_draft_when_acceptance_high_and_verify_cheap():
 
 def test_moderate_cost_picks_an_interior_d():
     # alpha = 0.7: E[N](d) saturates at ~3.3 while cost keeps growing by 30% of a step per token
-    pl = planner(per_token_ms=3.0, prior=0.7)
+    pl = planner(per_token_ms=3.0, prior=0.7, probe_max=0)  # exploitation only: the estimate's optimum
     d = pl.plan(pl.new_request(100)).d
     rates = pl.predicted_speedup(np.full(16, 0.7))
     assert 1 <= d <= 8 and d == max(rates, key=rates.get)
@@ -68,7 +68,7 @@ def test_moves_between_plain_and_long_drafts_when_acceptance_changes():
                 pl.commit(req, plan, 0, 0, 1)
                 pl.shadow(req, 1.0 if phase else 0.0)
     assert chosen[39] >= 10 and chosen[79] == 0 and chosen[119] >= 10
-    assert 0 in chosen[40:55] and max(chosen[80:95]) >= 8  # reacts within a few rounds each way
+    assert 0 in chosen[40:60] and max(chosen[80:95]) >= 8  # reacts within rounds each way
 
 
 def test_acceptance_counts_reached_positions_only():
@@ -166,3 +166,31 @@ def test_auto_needs_a_planner_and_rejects_bad_d():
         Engine(CycleRunner(), CharTokenizer(), NgramDrafter(), "auto")
     with pytest.raises(ValueError, match="'auto'"):
         Engine(CycleRunner(), CharTokenizer(), NgramDrafter(), "four")
+
+
+def test_draft_model_probes_when_uncertain_then_trusts_what_it_measured():
+    # the prior says drafting does not pay; the truth is full acceptance
+    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0))
+    req = pl.new_request(10_000)
+    first = pl.plan(req)
+    assert first.probe and 1 <= first.d <= pl.probe_max  # short: exploring costs little
+    for _ in range(10):
+        p = pl.plan(req)
+        pl.commit(req, p, p.d, p.d, p.d + 1)
+    assert pl.plan(req).d > pl.probe_max and not pl.plan(req).probe
+    # the truth turns to full rejection: back to plain, and no probing every step
+    chosen = []
+    for _ in range(60):
+        p = pl.plan(req)
+        chosen.append(p.d)
+        pl.commit(req, p, p.d, 0, 1)
+    assert chosen[-40:].count(0) >= 36  # a short probe every ~20 steps at most
+    assert max(chosen[-40:]) <= pl.probe_max
+
+
+def test_catch_up_priced_by_the_measured_long_forward():
+    # without a long-forward point, 256 tokens extrapolate the k<=17 curve; with one, they cost it
+    c = CostCurve({1: [10.0 + k for k in range(17)]}, prefill=(256, 100.0))
+    assert c(17) == pytest.approx(0.026) and c(256) == pytest.approx(0.100)
+    assert c(512) == pytest.approx(0.200)  # past it: the long forward's rate per token
+    assert c(17, 2) == pytest.approx(0.052)  # only one sequence was measured at that length
