@@ -186,10 +186,10 @@ class Planner:
         self.overhead_s = 0.0  # per round, besides forwards and drafting (EMA)
 
     def new_request(self, max_tokens: int) -> RequestPlan:
-        """A request starts from the workload's estimate, trusted as far as the workload has seen
-        rounds (up to 4 pseudo-rounds), so its optimism shrinks as the engine gains experience."""
-        strength = self.workload.strength + min(float(self.workload.seen[0]), 4.0)
-        return RequestPlan(Acceptance(self.workload.alpha(), strength=strength), max_tokens)
+        """A request starts from the workload's estimate, worth one round of its own evidence:
+        enough to start from what this engine has seen, weak enough that a request unlike the
+        previous ones (a summary after code edits) overrides it within a few rounds."""
+        return RequestPlan(Acceptance(self.workload.alpha(), strength=1.0), max_tokens)
 
     def draft_cost(self, d: int, behind: int = 1) -> float:
         """Seconds to draft d tokens: one forward feeding the `behind` tokens the draft model has
@@ -221,6 +221,8 @@ class Planner:
                 if self._catch_up_pays(req, behind, r_plain, r_up):
                     return Plan(best_d, best_r, r_plain, tokens=expected_tokens(req.acceptance.alpha(), best_d),
                                 probe=True)
+            return Plan(0, r_plain, r_plain)
+        if best_d == 0:
             return Plan(0, r_plain, r_plain)
         if not self._catch_up_pays(req, behind, r_plain, best_r):
             return Plan(0, r_plain, r_plain)

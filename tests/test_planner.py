@@ -194,3 +194,21 @@ def test_catch_up_priced_by_the_measured_long_forward():
     assert c(17) == pytest.approx(0.026) and c(256) == pytest.approx(0.100)
     assert c(512) == pytest.approx(0.200)  # past it: the long forward's rate per token
     assert c(17, 2) == pytest.approx(0.052)  # only one sequence was measured at that length
+
+
+def test_a_request_unlike_the_workload_overrides_its_prior_within_rounds():
+    ms = [102, 131, 162, 192, 225, 249, 279, 296, 290, 295, 309, 299, 306, 307, 313, 314, 429]  # llama.cpp 1.5B
+    pl = Planner(CostCurve({1: ms}), None, prior=[0.4] + [0.75] * 15, max_draft=16)
+    for _ in range(3):  # code edits: every n-gram draft accepted
+        req = pl.new_request(64)
+        for _ in range(8):
+            p = pl.plan(req, available=12)
+            pl.commit(req, p, p.d, p.d, p.d + 1)
+    req, chosen = pl.new_request(64), []
+    for _ in range(20):  # then a summary: every draft rejected at its first token
+        p = pl.plan(req, available=12)
+        chosen.append(p.d)
+        pl.commit(req, p, p.d, 0, 1)
+        if p.d == 0:
+            pl.shadow(req, 0.0)
+    assert chosen[0] == 12 and chosen[4:] == [0] * 16
