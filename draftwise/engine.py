@@ -248,7 +248,7 @@ class Engine:
         k, t_fwd, t_draft, t_round = times
         stats.predicted_s += plan.tokens / plan.rate
         stats.predicted_plain_s += plan.tokens / plan.plain_rate
-        self.planner.commit(req, plan, len(prop.tokens), res.num_accepted, len(res.tokens))
+        self.planner.commit(req, plan, len(prop.tokens), res.num_accepted, len(res.tokens), prop.confidence)
         if shadow is not None:  # P(accept) of the unverified token: p(x) at the plain step's position
             p = 1.0 if params.greedy and int(logits[0].argmax()) == shadow else 0.0
             if not params.greedy:

@@ -14,12 +14,16 @@ What a check can detect is bounded twice:
 1. Sample size. Two distributions at total-variation distance d differ by d on some event; a
    two-proportion test on that event with n samples per side detects d with the asked power when
    n >= (z_{1-a/2} + z_{power})^2 / (2 d^2) (variance at its worst, p = 1/2). `required_samples`
-   computes it; the tests above have at least that power against such a bias when the event is
-   among the pooled categories.
+   computes it. The chi-square and G-tests reach that power when the bias is a two-way split;
+   over more categories they spread it over more degrees of freedom and have less (measured in
+   docs/verify.md), so size a check for a TV below the bias it must see, or at a higher power.
 2. Rejections. A wrong acceptance rule only changes what happens after a rejection, so at a
    position where a fraction r of the samples had a rejection, it can move the output
    distribution by at most r in total variation. A position is *tested* only if its rejections
    reach d * n; a check whose draft was (almost) never rejected tested nothing, and says so.
+And for the known bug (resample from p after a rejection) the bias it would cause at position 1
+is computed exactly from the models (`draftwise.bugbias`), so the report says whether this check
+could see that bug on these prompts.
 """
 from __future__ import annotations
 
@@ -32,8 +36,10 @@ import numpy as np
 import torch
 from scipy.stats import chi2_contingency, norm
 
+from draftwise.bugbias import BugBias, predict_bug_bias
 from draftwise.compare import first_divergence
 from draftwise.engine import Engine
+from draftwise.sampling import SamplingParams
 from draftwise.verify import VerifyResult, first_rejection
 
 ENDED = -1  # the sample stopped (EOS) before this position
@@ -102,6 +108,7 @@ class SamplingReport:
     required_samples: int
     required_rejections: int
     results: list[PositionResult] = field(default_factory=list)
+    bug_bias: list[BugBias] = field(default_factory=list)  # per prompt, at position 1 (if predicted)
 
     @property
     def verdict(self) -> str:
@@ -124,6 +131,11 @@ class SamplingReport:
             lines.append(f"{r.prompt:6d} {r.position:3d}  {r.rejections:10d}  {str(r.tested):6}  {r.categories:10d}  "
                          f"{r.chi2_p:9.2e}  {r.g_p:9.2e}  {r.tv:.3f} [{r.tv_lo:.3f}, {r.tv_hi:.3f}]"
                          + ("  <- differs" if r.significant else ""))
+        for i, b in enumerate(self.bug_bias):
+            ok = b.tv - b.untracked >= self.min_tv
+            lines.append(f"prompt {i}: the known bug (resample-from-p) would move position 1 by TV {b.tv:.3f} "
+                         f"(+-{b.untracked:.3f}: first tokens not followed), {'>=' if ok else '<'} min-tv "
+                         f"{self.min_tv}: this check is {'' if ok else 'not '}sized to see it")
         if self.verdict == "UNTESTED":
             lines.append("the draft was (almost) never rejected at these positions: this check tested nothing")
         return "\n".join(lines)
@@ -131,7 +143,7 @@ class SamplingReport:
     def to_dict(self) -> dict:
         return {**{k: getattr(self, k) for k in ("samples", "positions", "min_tv", "alpha", "power",
                                                  "required_samples", "required_rejections", "verdict")},
-                "results": [asdict(r) for r in self.results]}
+                "results": [asdict(r) for r in self.results], "bug_bias": [asdict(b) for b in self.bug_bias]}
 
 
 def _draw(engine: Engine, ids: list[int], m: int, seeds: range, kw: dict) -> tuple[list[list[int]], list[list]]:
@@ -147,9 +159,10 @@ def _draw(engine: Engine, ids: list[int], m: int, seeds: range, kw: dict) -> tup
 def check_sampling(plain: Engine, spec: Engine, prompts: list[list[int]], temperature: float, top_p: float = 1.0,
                    top_k: int = 0, samples: int | None = None, positions: int = 3, min_tv: float = 0.1,
                    alpha: float = 0.05, power: float = 0.8, plain_samples: dict | None = None,
-                   progress=None) -> SamplingReport:
+                   predict_bias: bool = True, progress=None) -> SamplingReport:
     """Compare N speculative and N plain samples of the first `positions` tokens of each prompt.
-    `plain_samples` (prompt index -> samples) lets several checks share one plain run."""
+    `plain_samples` (prompt index -> samples) lets several checks share one plain run;
+    `predict_bias` also computes the bias the known bug would cause at position 1 per prompt."""
     if temperature <= 0:
         raise ValueError("the sampling check needs temperature > 0; use check_greedy at 0")
     n_tests = positions * len(prompts)
@@ -165,7 +178,7 @@ def check_sampling(plain: Engine, spec: Engine, prompts: list[list[int]], temper
             if plain_samples is not None:
                 plain_samples[i] = base
         # room for a full draft at every tested position, so drafting is as in normal use
-        draws, rounds = _draw(spec, ids, positions + 1 + spec.num_draft_tokens, range(n), kw)
+        draws, rounds = _draw(spec, ids, positions + 1 + spec.max_draft, range(n), kw)
         rejected_at = Counter(s + a for rs in rounds for s, d, a in rs if a < d)
         for j in range(1, positions + 1):  # position 0 comes from the prompt's logits: never drafted
             a, b = [o[j] for o in draws], [o[j] for o in base[:n]]
@@ -174,6 +187,9 @@ def check_sampling(plain: Engine, spec: Engine, prompts: list[list[int]], temper
             rej = rejected_at.get(j, 0)
             rep.results.append(PositionResult(i, j, rej, rej >= rep.required_rejections, chi_p, g_p, cats,
                                               tv, lo, hi, min(chi_p, g_p) < alpha / n_tests))
+        if predict_bias:  # after the draws: the engines have released their kept prompt state
+            rep.bug_bias.append(predict_bug_bias(spec.target, spec.drafter, spec.tokenizer.eos_token_ids, ids,
+                                                 SamplingParams(temperature, top_p, top_k)))
         if progress:
             progress(i)
     return rep

@@ -181,8 +181,9 @@ class Planner:
         self.verify, self.draft = verify_curve, draft_curve
         self.max_draft, self.margin, self.online, self.probe_max = max_draft, margin, online, probe_max
         p = np.broadcast_to(np.asarray(prior, dtype=np.float64), (max_draft,)).copy()
-        self.workload = Acceptance(p, strength=prior_strength, forget=0.995)  # all requests seen
+        self.workload = Acceptance(p, strength=prior_strength, forget=0.97)  # recent requests
         self.draft_call_s = 1e-4  # cheap drafter: seconds per propose call (EMA)
+        self._conf = [1.0, 1.0]  # accepted, sum of the draft's own probabilities (reached positions)
         self.overhead_s = 0.0  # per round, besides forwards and drafting (EMA)
 
     def new_request(self, max_tokens: int) -> RequestPlan:
@@ -204,10 +205,12 @@ class Planner:
         """D for this round. `available` caps D (a cheap drafter's proposal length, or the room
         left); `behind` is how many tokens a draft model must catch up on first.
 
-        min_confidence[i]: a draft model stops before proposing token i+1 when the product of its
-        own probabilities for tokens 1..i+1 is below it: that token's expected gain would not pay
-        for its marginal cost (one more draft forward and one more verified position) at the rate
-        this plan expects."""
+        min_confidence[i]: a draft model stops before proposing token i+2 when its own probability
+        for that token is below it: the token's expected gain (reaching it, prod alpha_1..i+1,
+        times its acceptance, estimated by that probability times the measured calibration of
+        the draft's probabilities) would not pay for its marginal cost (one more draft forward and
+        one more verified position) at the rate this plan expects. A probe's round time counts
+        the catch-up it pays; a plan that keeps speculating pays it once (_catch_up_pays)."""
         d_max = min(self.max_draft, req.remaining - 1)
         if available is not None:
             d_max = min(d_max, available)
@@ -217,8 +220,11 @@ class Planner:
             d_up, r_up = self._best(req.acceptance.upper(), d_max, n_seqs, r_plain)
             if d_up > 0:
                 best_d = min(d_up, self.probe_max)
-                best_r = expected_tokens(req.acceptance.alpha(), best_d) / self._round_s(best_d, n_seqs)
-                if self._catch_up_pays(req, behind, r_plain, r_up):
+                t_probe = self._round_s(best_d, n_seqs) + self.draft_cost(1, behind) - self.draft_cost(1, 1)
+                best_r = expected_tokens(req.acceptance.alpha(), best_d) / t_probe
+                up = req.acceptance.upper()
+                if expected_tokens(up, best_d) / t_probe > r_plain * (1 + self.margin) and \
+                        self._catch_up_pays(req, behind, r_plain, r_up):
                     return Plan(best_d, best_r, r_plain, tokens=expected_tokens(req.acceptance.alpha(), best_d),
                                 probe=True)
             return Plan(0, r_plain, r_plain)
@@ -232,11 +238,13 @@ class Planner:
                 best_d += 1
                 best_r = expected_tokens(req.acceptance.alpha(), best_d) / self._round_s(best_d, n_seqs)
         conf = []
-        tokens = expected_tokens(req.acceptance.alpha(), best_d)
+        alpha = req.acceptance.alpha()
+        tokens = expected_tokens(alpha, best_d)
         if self.draft is not None:
+            reach = np.cumprod(alpha)
             for i in range(1, best_d):  # before proposing token i+1
                 marginal = self.draft(1) + self.verify(i + 2, n_seqs) - self.verify(i + 1, n_seqs)
-                conf.append(best_r * max(marginal, 0.0))
+                conf.append(best_r * max(marginal, 0.0) / (reach[i - 1] * self.calibration))
         return Plan(best_d, best_r, r_plain, conf, tokens=tokens)
 
     def _round_s(self, d: int, n_seqs: int) -> float:
@@ -261,8 +269,19 @@ class Planner:
         catch_up = self.draft_cost(1, behind) - self.draft_cost(1, 1)
         return req.remaining * (1.0 / r_plain - 1.0 / r_spec) > catch_up
 
-    def commit(self, req: RequestPlan, plan: Plan, proposed: int, accepted: int, emitted: int) -> None:
-        """After a round (or plain step): update the request's and the workload's acceptance."""
+    @property
+    def calibration(self) -> float:
+        """Measured acceptance per unit of the draft's own probability (> 1: it is too modest)."""
+        return min(max(self._conf[0] / self._conf[1], 0.5), 2.0)
+
+    def commit(self, req: RequestPlan, plan: Plan, proposed: int, accepted: int, emitted: int,
+               confidence: list[float] | None = None) -> None:
+        """After a round (or plain step): update the request's and the workload's acceptance, and
+        the calibration of the draft's probabilities (over the positions the target reached)."""
+        if confidence:
+            reached = min(accepted + 1, proposed, len(confidence))
+            self._conf[0] = 0.99 * self._conf[0] + min(accepted, reached)
+            self._conf[1] = 0.99 * self._conf[1] + sum(confidence[:reached])
         req.plans.append(plan.d)
         req.remaining -= emitted
         if proposed > 0:

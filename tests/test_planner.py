@@ -106,8 +106,21 @@ def test_early_stop_thresholds_follow_marginal_cost():
     pl = planner(per_token_ms=2.0, prior=0.9, draft=curve(1.0, first_ms=1.0))
     p = pl.plan(pl.new_request(100))
     assert p.d > 1 and len(p.min_confidence) == p.d - 1
-    # constant marginal cost (linear curves): the threshold is rate * (draft step + verify step)
-    assert p.min_confidence == pytest.approx([p.rate * (0.001 + 0.002)] * (p.d - 1))
+    # linear curves: the bar is rate * (draft step + verify step) / P(reaching the token)
+    reach = np.cumprod(pl.new_request(100).acceptance.alpha())
+    assert p.min_confidence == pytest.approx([p.rate * (0.001 + 0.002) / reach[i] for i in range(p.d - 1)])
+    assert all(b > a for a, b in zip(p.min_confidence, p.min_confidence[1:]))  # deeper tokens need more
+
+
+def test_draft_probabilities_calibrated_by_measured_acceptance():
+    pl = planner(per_token_ms=2.0, prior=0.9, draft=curve(1.0, first_ms=1.0))
+    req = pl.new_request(1000)
+    before = pl.plan(req).min_confidence
+    for _ in range(200):  # the draft says 0.5 for tokens the target always accepts
+        pl.commit(req, pl.plan(req), 4, 4, 5, [0.5] * 4)
+    assert pl.calibration == pytest.approx(2.0, abs=0.01)  # measured 4 / (4 x 0.5)
+    after = pl.plan(req)
+    assert after.min_confidence[0] < before[0]
 
 
 def test_batch_sizes_interpolate_and_extrapolate():
@@ -157,8 +170,9 @@ def test_model_drafter_early_stop():
     full = dr.propose(1, PROMPT, 6, params, None)
     assert len(full.tokens) == 6
     conf = float(np.exp(2.0) / (np.exp(2.0) + np.exp(1.5) + 14))  # softmax of the top token, ~0.39
-    stopped = dr.propose(2, PROMPT, 6, params, None, min_confidence=[conf ** 2 * 0.99, conf ** 3 * 1.01])
-    assert stopped.tokens == full.tokens[:2]  # token 3's cumulative confidence fell below its bar
+    stopped = dr.propose(2, PROMPT, 6, params, None, min_confidence=[conf * 0.99, conf * 1.01])
+    assert stopped.tokens == full.tokens[:2]  # token 3's own probability fell below its bar
+    assert stopped.confidence == pytest.approx([conf, conf])
 
 
 def test_auto_needs_a_planner_and_rejects_bad_d():

@@ -14,6 +14,7 @@ from draftwise.sampling import SamplingParams
 class Proposal:
     tokens: list[int]  # [d] proposed tokens, d <= the number asked for (may be 0)
     probs: torch.Tensor | None = None  # [d, V] draft probabilities q after warping; None = one-hot
+    confidence: list[float] | None = None  # [d] the drafter's own probability of each token, if known
 
     def draft_probs(self, vocab_size: int) -> torch.Tensor:
         """q as a [d, vocab_size] tensor: the drafter's own, zero-padded to the target's width, or one-hot."""
@@ -33,8 +34,8 @@ class Drafter(Protocol):
 
     `cheap`: proposing costs next to nothing (n-gram), so the planner may look at a proposal
     before choosing how much of it to verify. `min_confidence` (optional, drafters with their own
-    probabilities): stop before proposing token i+2 when the product of the drafter's
-    probabilities for tokens 1..i+2 is below min_confidence[i]. `pending` is how many context
+    probabilities): stop before proposing token i+2 when the drafter's own probability for it is
+    below min_confidence[i]. `pending` is how many context
     tokens the drafter has not yet seen (what its next propose must catch up on)."""
 
     name: str

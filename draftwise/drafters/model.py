@@ -45,25 +45,25 @@ class ModelDrafter:
         feed = context[keep:]
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
-        reach = 1.0  # product of the draft's own probabilities of its tokens so far
+        confs: list[float] = []
         for i in range(num_tokens):
             logits = self.runner.forward([st.seq], [feed], [1])[0]  # [1, V]
             st.fed.extend(feed)
             if params.greedy:
                 tok = int(logits[0].argmax())
-                conf = float(torch.softmax(logits[0], -1)[tok]) if min_confidence else 1.0
+                conf = float(torch.softmax(logits[0], -1)[tok]) if min_confidence else 1.0  # its own p
             else:
                 q = warp(logits, params)  # [1, V]
                 tok = sample(q[0], generator)
                 conf = float(q[0, tok])
-            reach *= conf
-            if i >= 1 and i - 1 < len(min_confidence) and reach < min_confidence[i - 1]:
+            if i >= 1 and i - 1 < len(min_confidence) and conf < min_confidence[i - 1]:
                 break  # early stop: this token's expected gain does not pay for verifying it
             if not params.greedy:
                 probs.append(q)
             tokens.append(tok)
+            confs.append(conf)
             feed = [tok]
-        return Proposal(tokens, torch.cat(probs) if probs else None)
+        return Proposal(tokens, torch.cat(probs) if probs else None, confs if min_confidence or probs else None)
 
     def pending(self, seq_key: int, context: list[int]) -> int:
         st = self._seqs.get(seq_key)
