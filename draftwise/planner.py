@@ -164,6 +164,8 @@ class RequestPlan:
     acceptance: Acceptance
     remaining: int
     plans: list[int] = field(default_factory=list)  # D chosen each round
+    next_probe: int = 0  # no probe before this many rounds; the gap doubles after each probe
+    probe_gap: int = 2
 
 
 class Planner:
@@ -216,15 +218,14 @@ class Planner:
             d_max = min(d_max, available)
         r_plain = 1.0 / (self.verify(1, n_seqs) + self.overhead_s)
         best_d, best_r = self._best(req.acceptance.alpha(), d_max, n_seqs, r_plain)
-        if best_d == 0 and self.probe_max > 0 and self.draft is not None:  # would optimism pay? probe
+        if best_d == 0 and self.probe_max > 0 and self.draft is not None \
+                and len(req.plans) >= req.next_probe:  # would optimism pay? then probe, ever more rarely
             d_up, r_up = self._best(req.acceptance.upper(), d_max, n_seqs, r_plain)
             if d_up > 0:
                 best_d = min(d_up, self.probe_max)
                 t_probe = self._round_s(best_d, n_seqs) + self.draft_cost(1, behind) - self.draft_cost(1, 1)
                 best_r = expected_tokens(req.acceptance.alpha(), best_d) / t_probe
-                up = req.acceptance.upper()
-                if expected_tokens(up, best_d) / t_probe > r_plain * (1 + self.margin) and \
-                        self._catch_up_pays(req, behind, r_plain, r_up):
+                if self._catch_up_pays(req, behind, r_plain, r_up):
                     return Plan(best_d, best_r, r_plain, tokens=expected_tokens(req.acceptance.alpha(), best_d),
                                 probe=True)
             return Plan(0, r_plain, r_plain)
@@ -284,6 +285,10 @@ class Planner:
             self._conf[1] = 0.99 * self._conf[1] + sum(confidence[:reached])
         req.plans.append(plan.d)
         req.remaining -= emitted
+        if plan.probe:
+            req.next_probe, req.probe_gap = len(req.plans) + req.probe_gap, 2 * req.probe_gap
+        elif plan.d > 0:
+            req.probe_gap = 2
         if proposed > 0:
             req.acceptance.observe(proposed, accepted)
             self.workload.observe(proposed, accepted)

@@ -114,7 +114,7 @@ def test_early_stop_thresholds_follow_marginal_cost():
 
 def test_draft_probabilities_calibrated_by_measured_acceptance():
     pl = planner(per_token_ms=2.0, prior=0.9, draft=curve(1.0, first_ms=1.0))
-    req = pl.new_request(1000)
+    req = pl.new_request(100_000)
     before = pl.plan(req).min_confidence
     for _ in range(200):  # the draft says 0.5 for tokens the target always accepts
         pl.commit(req, pl.plan(req), 4, 4, 5, [0.5] * 4)
