@@ -334,7 +334,9 @@ def _serve_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--target", default="smollm2-135m")
     s.add_argument("--drafter", choices=("none", "model", "ngram"), default="ngram")
     s.add_argument("--draft-model", default=None)
-    s.add_argument("--num-draft-tokens", type=int, default=4, help="default D; a request may set its own")
+    s.add_argument("--num-draft-tokens", type=lambda v: v if v == "auto" else int(v), default=4,
+                   help="default D, or auto: the planner's D per request and step (measures the target's cost "
+                   "curve once); a request may fix its own")
     s.add_argument("--backend", choices=("torch", "llama.cpp"), default=None)
     s.add_argument("--threads", type=int, default=None)
     s.add_argument("--max-context", type=int, default=2048, help="tokens per sequence")

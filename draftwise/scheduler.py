@@ -72,6 +72,7 @@ class RequestState:
     times: list[float] = field(default_factory=list)
     rounds: list[tuple[int, int, int]] = field(default_factory=list)
     ttft: float = 0.0
+    policy: object = None  # the draft-length policy's own per-request state
 
 
 class NullObserver:
@@ -90,7 +91,8 @@ class Scheduler:
                  num_draft_tokens: int = 4, max_running: int = 16, max_queue: int = 64,
                  spec_off_above: int | None = None,
                  choose_draft_len: Callable[[RequestState, int], int] | None = None, observer=None,
-                 pad_ragged: bool = False):
+                 pad_ragged: bool = False,
+                 after_round: Callable[[RequestState, int, int, int], None] | None = None):
         if num_draft_tokens < 0 or max_running < 1 or max_queue < 0:
             raise ValueError("need num_draft_tokens >= 0, max_running >= 1, max_queue >= 0")
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
@@ -99,6 +101,7 @@ class Scheduler:
         self.max_running = min([max_running] + [r.n_seq_max for r in runners if hasattr(r, "n_seq_max")])
         self.max_queue = max_queue
         self.choose_draft_len = choose_draft_len or self.default_draft_len
+        self.after_round = after_round  # (state, proposed, accepted, emitted): what the policy learns from
         self.observer = observer or NullObserver()
         # llama.cpp with per-sequence KV streams splits a batch into ubatches of equally many tokens
         # per sequence: ragged k costs extra weight passes; padding trades them for wasted rows
@@ -267,6 +270,8 @@ class Scheduler:
             else:
                 st.stats.plain_steps += 1
             st.ctx += res.tokens
+            if self.after_round is not None:
+                self.after_round(st, len(prop.tokens), res.num_accepted, len(res.tokens))
             self._commit(st, res.tokens, bool(prop.tokens))
         self.observer.phase("other", time.perf_counter() - t)
 

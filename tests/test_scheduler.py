@@ -132,3 +132,21 @@ def test_thread_and_failed_delivery_cancels():
         threading.Event().wait(0.01)
     assert sched.counts() == (0, 0) and runner.seqs == {}
     sched.close()
+
+
+def test_planner_policy_turns_speculation_off_when_batching_makes_verification_dear():
+    from draftwise.planner import CostCurve, Planner
+    from draftwise.server.planned import PlannedDraftLength
+
+    # alone, verifying k tokens costs about one forward; with 4 sequences it costs k forwards
+    curve = CostCurve({1: [10, 10.5, 11, 11.5, 12], 4: [10, 20, 30, 40, 50]})
+    policy = PlannedDraftLength(Planner(curve, None, prior=0.9, max_draft=4, online=False, probe_max=0))
+    runner = CycleRunner(period=16)
+    sched = Scheduler(runner, CharTokenizer(), NgramDrafter(1, 3), 4,
+                      choose_draft_len=policy.choose, after_round=policy.after_round)
+    alone = run_all(sched, PROMPTS[:1])[0].result.stats
+    together = [c.result.stats for c in run_all(sched, PROMPTS)]
+    assert alone.verification_rounds > 0
+    assert all(s.verification_rounds == 0 for s in together)
+    fixed = run_all(sched, PROMPTS, d=2)  # a request's own D overrides the planner
+    assert all(c.result.stats.verification_rounds > 0 for c in fixed)

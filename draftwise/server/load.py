@@ -13,7 +13,7 @@ class ServeConfig:
     target: str = "smollm2-135m"
     drafter: str = "ngram"  # none | ngram | model
     draft_model: str | None = None
-    num_draft_tokens: int = 4
+    num_draft_tokens: int | str = 4  # a fixed default D, or "auto": the planner's D per step
     backend: str | None = None
     threads: int | None = None
     max_context: int | None = 2048  # tokens per sequence
@@ -32,8 +32,11 @@ class ServeConfig:
             raise ValueError(f"unknown drafter {self.drafter!r}; choose none, ngram or model")
         if self.drafter == "model" and not self.draft_model:
             raise ValueError("--drafter model needs --draft-model")
-        if self.max_running < 1 or self.max_queue < 0 or self.num_draft_tokens < 0:
-            raise ValueError("need max_running >= 1, max_queue >= 0, num_draft_tokens >= 0")
+        if self.max_running < 1 or self.max_queue < 0:
+            raise ValueError("need max_running >= 1, max_queue >= 0")
+        if self.num_draft_tokens != "auto" and not (isinstance(self.num_draft_tokens, int)
+                                                     and self.num_draft_tokens >= 0):
+            raise ValueError(f"num_draft_tokens must be an integer >= 0 or 'auto', got {self.num_draft_tokens!r}")
         if self.backend is None:
             self.backend = default_backend(self.target)
         if self.model_name is None:
@@ -86,5 +89,14 @@ def build_scheduler(cfg: ServeConfig, observer=None) -> tuple[Scheduler, LockedT
         check_vocabularies(tok, d_tok, cfg.target, cfg.draft_model)
         drafter = ModelDrafter(d_runner)
     locked = LockedTokenizer(tok)
-    return Scheduler(runner, locked, drafter, cfg.num_draft_tokens, cfg.max_running, cfg.max_queue,
-                     cfg.spec_off_above, observer=observer, pad_ragged=cfg.pad_ragged), locked
+    d, hooks = cfg.num_draft_tokens, {}
+    if d == "auto":
+        if drafter is None:
+            d = 0
+        else:
+            from draftwise.server.planned import planned_policy
+
+            policy = planned_policy(runner, drafter, cfg.max_running)
+            d, hooks = policy.planner.max_draft, {"choose_draft_len": policy.choose, "after_round": policy.after_round}
+    return Scheduler(runner, locked, drafter, d, cfg.max_running, cfg.max_queue, cfg.spec_off_above,
+                     observer=observer, pad_ragged=cfg.pad_ragged, **hooks), locked
