@@ -242,10 +242,14 @@ class Planner:
         alpha = req.acceptance.alpha()
         tokens = expected_tokens(alpha, best_d)
         if self.draft is not None:
-            reach = np.cumprod(alpha)
-            for i in range(1, best_d):  # before proposing token i+1
-                marginal = self.draft(1) + self.verify(i + 2, n_seqs) - self.verify(i + 1, n_seqs)
-                conf.append(best_r * max(marginal, 0.0) / (reach[i - 1] * self.calibration))
+            reach = np.cumprod(alpha)  # [max_draft] P(tokens 1..i accepted)
+            for i in range(1, best_d):  # before proposing token i+1, having drafted i
+                # the rest of the plan (tokens i+1..d*) against stopping at i: its extra cost, and its
+                # expected extra tokens per unit of token i+1's acceptance (the curve is not convex:
+                # past k = 9 a verified token is nearly free on llama.cpp, so judge the rest as a whole)
+                rest = (best_d - i) * self.draft(1) + self.verify(best_d + 1, n_seqs) - self.verify(i + 1, n_seqs)
+                tail = 1.0 + float(np.cumprod(alpha[i + 1:best_d]).sum())
+                conf.append(best_r * max(rest, 0.0) / (reach[i - 1] * tail * self.calibration))
         return Plan(best_d, best_r, r_plain, conf, tokens=tokens)
 
     def _round_s(self, d: int, n_seqs: int) -> float:

@@ -102,14 +102,24 @@ def test_draft_model_catch_up_counts_against_remaining_output():
     assert pl.plan(pl.new_request(6), behind=200).d == 0  # 6 tokens left: cannot
 
 
-def test_early_stop_thresholds_follow_marginal_cost():
+def test_early_stop_thresholds_weigh_the_rest_of_the_plan():
     pl = planner(per_token_ms=2.0, prior=0.9, draft=curve(1.0, first_ms=1.0))
     p = pl.plan(pl.new_request(100))
     assert p.d > 1 and len(p.min_confidence) == p.d - 1
-    # linear curves: the bar is rate * (draft step + verify step) / P(reaching the token)
-    reach = np.cumprod(pl.new_request(100).acceptance.alpha())
-    assert p.min_confidence == pytest.approx([p.rate * (0.001 + 0.002) / reach[i] for i in range(p.d - 1)])
-    assert all(b > a for a, b in zip(p.min_confidence, p.min_confidence[1:]))  # deeper tokens need more
+    # linear curves: the rest (d - i tokens) costs (d - i) * (draft step + verify step), and
+    # yields P(reach i) * q * (1 + alpha + alpha^2 + ...) tokens
+    alpha = pl.new_request(100).acceptance.alpha()
+    reach = np.cumprod(alpha)
+    for i in range(1, p.d):
+        tail = 1 + np.cumprod(alpha[i + 1:p.d]).sum()
+        want = p.rate * (p.d - i) * (0.001 + 0.002) / (reach[i - 1] * tail)
+        assert p.min_confidence[i - 1] == pytest.approx(want)
+    # a non-convex curve (flat past k = 9, as llama.cpp's): the bar at k = 5..8 counts the
+    # nearly free tokens after it, so it is lower than the marginal cost alone would set
+    ms = [100, 130, 160, 190, 225, 250, 280, 296, 290, 295, 300, 300, 305, 307, 313, 314, 429]
+    flat = Planner(CostCurve({1: ms}), curve(0.5, first_ms=1.0), prior=0.98, max_draft=16)
+    q = flat.plan(flat.new_request(100))
+    assert q.d >= 12 and max(q.min_confidence[4:8]) < 0.5
 
 
 def test_draft_probabilities_calibrated_by_measured_acceptance():
