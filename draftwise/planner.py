@@ -104,12 +104,13 @@ class Acceptance:
         self.seen = np.zeros_like(self.prior)  # [max_pos] (discounted) times the position was reached
 
     def alpha(self) -> np.ndarray:  # [max_pos]
-        """Position i's prior mean is the average of its own prior and position i-1's estimate, so
-        positions never reached yet borrow from the ones before them (and a long draft gets tried)."""
+        """Position i's prior mean is mostly position i-1's estimate (3/4) and a little its own
+        prior (1/4), so positions never reached yet borrow from the ones before them: when short
+        drafts are always accepted, a long one is tried next."""
         out = np.empty_like(self.prior)
         prev = self.prior[0]
         for i in range(len(out)):
-            m = 0.5 * (self.prior[i] + prev)
+            m = 0.25 * self.prior[i] + 0.75 * prev
             out[i] = prev = (self.strength * m + self.acc[i]) / (self.strength + self.seen[i])
         return out
 

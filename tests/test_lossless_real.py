@@ -1,15 +1,19 @@
-"""`draftwise verify` on real models (llama.cpp): the real acceptance rule passes, a known bug
-(resampling from p instead of the residual after a rejection) is flagged, and each check had at
-least the rejections its power calculation needs (otherwise it would have tested nothing)."""
+"""`draftwise verify` on real models (llama.cpp): the real acceptance rule passes, the known bug
+(resampling from p instead of the residual after a rejection) is flagged, at temperature 0.7 /
+top-p 0.9 and at 1.0.
+
+Each check tests output position 1 only, on a prompt chosen so that the bug's bias there is large,
+and that bias is computed beforehand from the models (draftwise.bugbias). The test fails if that
+predicted bias is below what the check is sized for (min_tv), if fewer samples were drawn than the
+power calculation asks, or if fewer rejections occurred at position 1 than the check needs.
+
+SmolLM2-135M with the n-gram drafter runs always (seconds); Qwen2.5-Coder-0.5B drafting for the
+1.5B is opt-in (DRAFTWISE_LOSSLESS_REAL=1, about a minute per setting here)."""
 import os
 
 import pytest
 
 pytest.importorskip("llama_cpp")
-# Minutes of sampling per check on this CPU (the Qwen pair: ~5 min per setting), and the settings
-# below have not yet been shown to give every check enough rejections and power: opt-in for now.
-pytestmark = pytest.mark.skipif(os.environ.get("DRAFTWISE_LOSSLESS_REAL") != "1",
-                                reason="set DRAFTWISE_LOSSLESS_REAL=1 (slow; see docs/verify.md)")
 
 from draftwise.drafters.model import ModelDrafter  # noqa: E402
 from draftwise.drafters.ngram import NgramDrafter  # noqa: E402
@@ -19,22 +23,34 @@ from draftwise.models.load import load_runner  # noqa: E402
 from draftwise.verify import rejection_sample  # noqa: E402
 
 SETTINGS = [(0.7, 0.9), (1.0, 1.0)]  # (temperature, top_p)
-CHECK = dict(positions=2, min_tv=0.2)
+# Sized for TV 0.2 below the predicted ~0.25, at alpha 0.01 and power 0.99 (301 samples per side):
+# a margin for the chi-square test's lower power over more than two categories (docs/verify.md).
+CHECK = dict(positions=1, min_tv=0.2, alpha=0.01, power=0.99)
+
+# A record of answers: position 0 is ":" (almost surely), position 1 is " right" or " left". The
+# n-gram drafter proposes " right" (what followed the last "Answer:"), which SmolLM2 gives p ~ 0.5
+# at both settings: the bug adds p (1 - p) ~ 0.25 to it.
+NGRAM_PROMPT = "".join(f"Answer: {a}\n" for a in ("right", "right", "right", "left", "right", "right")) + "Answer"
 
 
-def _run(runner, tok, drafter, ids, temperature, top_p):
+def _run(runner, tok, drafter, ids, temperature, top_p, num_draft_tokens=4):
     plain = Engine(runner, tok, reuse_prefix=True)
     shared: dict = {}  # one plain sample serves both checks
     reports = {}
     for sampler in (rejection_sample, resample_from_p):
-        spec = Engine(runner, tok, drafter, 4, sampler=sampler, reuse_prefix=True)
-        reports[sampler] = check_sampling(plain, spec, [ids], temperature, top_p, plain_samples=shared, **CHECK)
+        spec = Engine(runner, tok, drafter, num_draft_tokens, sampler=sampler, reuse_prefix=True)
+        reports[sampler] = check_sampling(plain, spec, [ids], temperature, top_p, plain_samples=shared,
+                                          predict_bias=sampler is rejection_sample, **CHECK)
     good, bad = reports[rejection_sample], reports[resample_from_p]
+    print(f"\nT={temperature} top_p={top_p}\n--- real rule\n{good.summary()}\n--- injected bug\n{bad.summary()}")
+    bias = good.bug_bias[0]
+    assert bias.tv - bias.untracked >= CHECK["min_tv"], "the bug is too small here for this check to see"
     for rep in (good, bad):
         assert rep.samples >= rep.required_samples
-        assert any(r.tested for r in rep.results), "too few rejections: " + rep.summary()
+        assert all(r.tested for r in rep.results), "fewer rejections than the check needs: " + rep.summary()
     assert good.verdict == "PASS", good.summary()
     assert bad.verdict == "FAIL", bad.summary()
+    return good, bad
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +61,11 @@ def smol():
 @pytest.mark.parametrize("temperature,top_p", SETTINGS)
 def test_ngram_drafter(smol, temperature, top_p):
     runner, tok = smol
-    ids = tok.apply_chat([{"role": "user", "content": "List twenty colours, one per line, each as '- colour: <name>'."}])
-    _run(runner, tok, NgramDrafter(1, 3), ids, temperature, top_p)
+    _run(runner, tok, NgramDrafter(1, 3), tok.encode(NGRAM_PROMPT), temperature, top_p)
+
+
+# A raw prompt on which Qwen2.5-Coder-0.5B and -1.5B disagree at output position 1 (filled in below)
+QWEN_PROMPT = None
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +76,9 @@ def qwen_pair():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("DRAFTWISE_LOSSLESS_REAL") != "1",
+                    reason="set DRAFTWISE_LOSSLESS_REAL=1 (minutes; see docs/verify.md)")
 @pytest.mark.parametrize("temperature,top_p", SETTINGS)
 def test_qwen_draft_model(qwen_pair, temperature, top_p):
     target, tok, drafter = qwen_pair
-    ids = tok.apply_chat([{"role": "user", "content": "Write a short poem about the sea."}])
-    _run(target, tok, drafter, ids, temperature, top_p)
+    _run(target, tok, drafter, tok.encode(QWEN_PROMPT), temperature, top_p, num_draft_tokens=1)

@@ -76,7 +76,8 @@ def test_acceptance_counts_reached_positions_only():
     acc.observe(proposed=4, accepted=1)  # position 1 accepted, 2 rejected, 3 and 4 never reached
     assert acc.seen.tolist() == [1, 1, 0, 0] and acc.acc.tolist() == [1, 0, 0, 0]
     a = acc.alpha()  # position i borrows half its prior mean from position i-1
-    assert a.tolist() == pytest.approx([2 / 3, 7 / 18, 4 / 9, 17 / 36])  # m_2 = (0.5 + 2/3) / 2, ...
+    # m_2 = 0.5 / 4 + 3/4 * 2/3 = 0.625, alpha_2 = 2 * m_2 / 3; m_3 = 0.125 + 3/4 * alpha_2, ...
+    assert a.tolist() == pytest.approx([2 / 3, 5 / 12, 0.4375, 0.453125])
     acc.observe(proposed=2, accepted=2)  # all accepted: nothing rejected
     assert acc.seen.tolist() == [2, 2, 0, 0] and acc.acc.tolist() == [2, 1, 0, 0]
 
