@@ -182,7 +182,11 @@ class Scheduler:
                     self._cond.wait()
                 if self._closed:
                     return
-            self.step()
+            try:
+                self.step()
+            except Exception as e:  # noqa: BLE001 - a bug must not leave every client waiting forever
+                for st in list(self._running):
+                    self._drop(st, e)
 
     def step(self) -> None:
         """Drop cancelled requests, admit waiting ones, then one batched propose -> verify -> commit."""
