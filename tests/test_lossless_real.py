@@ -7,13 +7,16 @@ and that bias is computed beforehand from the models (draftwise.bugbias). The te
 predicted bias is below what the check is sized for (min_tv), if fewer samples were drawn than the
 power calculation asks, or if fewer rejections occurred at position 1 than the check needs.
 
-SmolLM2-135M with the n-gram drafter runs always (seconds); Qwen2.5-Coder-0.5B drafting for the
-1.5B is opt-in (DRAFTWISE_LOSSLESS_REAL=1, about a minute per setting here)."""
+Opt-in (DRAFTWISE_LOSSLESS_REAL=1) until run once: written while the shared CPUs were held by
+benchmarks, so not yet run on the real models. SmolLM2 + n-gram is meant for CI (seconds) once it
+has passed here; the Qwen pair needs a prompt with a predicted bias >= min_tv (QWEN_PROMPT)."""
 import os
 
 import pytest
 
 pytest.importorskip("llama_cpp")
+pytestmark = pytest.mark.skipif(os.environ.get("DRAFTWISE_LOSSLESS_REAL") != "1",
+                                reason="set DRAFTWISE_LOSSLESS_REAL=1 (not yet run on real models; docs/verify.md)")
 
 from draftwise.drafters.model import ModelDrafter  # noqa: E402
 from draftwise.drafters.ngram import NgramDrafter  # noqa: E402
@@ -64,8 +67,9 @@ def test_ngram_drafter(smol, temperature, top_p):
     _run(runner, tok, NgramDrafter(1, 3), tok.encode(NGRAM_PROMPT), temperature, top_p)
 
 
-# A raw prompt on which Qwen2.5-Coder-0.5B and -1.5B disagree at output position 1 (filled in below)
-QWEN_PROMPT = None
+# A raw prompt on which Qwen2.5-Coder-0.5B and -1.5B disagree at output position 1, so that the
+# bug's predicted bias there is >= min_tv at both settings: not yet found (docs/verify.md).
+QWEN_PROMPT: str | None = None
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +80,7 @@ def qwen_pair():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("DRAFTWISE_LOSSLESS_REAL") != "1",
-                    reason="set DRAFTWISE_LOSSLESS_REAL=1 (minutes; see docs/verify.md)")
+@pytest.mark.skipif(QWEN_PROMPT is None, reason="no prompt yet with a large enough predicted bias")
 @pytest.mark.parametrize("temperature,top_p", SETTINGS)
 def test_qwen_draft_model(qwen_pair, temperature, top_p):
     target, tok, drafter = qwen_pair

@@ -1,0 +1,81 @@
+"""What the known bug would do: the output bias of resampling from p after a rejection, computed
+exactly from the models' p and q, so `draftwise verify` can say whether it could see that bug.
+
+At a draft position with target p and draft q (both warped), the correct rule outputs p. The bug
+(after a rejection, resample from p instead of norm(max(0, p - q))) outputs
+
+    b = min(p, q) + (1 - beta) p,    beta = sum min(p, q)   (the acceptance probability),
+
+so b - p = min(p, q) - beta p and TV(b, p) = 1/2 sum |min(p, q) - beta p|. For an n-gram draft
+(q one-hot on x, p(x) = p0) that is p0 (1 - p0), at most 1/4, at p0 = 1/2: the bug adds p0 (1 - p0)
+to x. A drafter that agrees with the target (q = p) gives beta = 1 and no bias at all.
+
+Output position 1 is always the first draft token of the first round (position 0 is sampled from
+the prompt's logits), so its bias is a mixture over the token x0 at position 0:
+sum_x0 p(x0) (b - p)(. | x0), computed from one target and one draft forward per likely x0.
+Later positions depend on earlier rounds' outcomes and are not predicted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from draftwise.sampling import SamplingParams, warp
+
+
+def bug_shift(
+    p: torch.Tensor,  # [..., V] target probabilities
+    q: torch.Tensor,  # [..., V] draft probabilities; an all-zero row = nothing drafted (no shift)
+) -> torch.Tensor:  # [..., V]
+    """b - p: how resampling from p moves the output at a draft position."""
+    m = torch.minimum(p, q)
+    return m - m.sum(-1, keepdim=True) * p
+
+
+def bug_tv(p: torch.Tensor, q: torch.Tensor) -> float:
+    """TV(b, p) at one draft position ([V] rows)."""
+    return 0.5 * float(bug_shift(p.double(), q.double()).abs().sum())
+
+
+def mixture_bug_tv(
+    weights: torch.Tensor,  # [K] probabilities of the first token x0 (may sum to < 1)
+    p: torch.Tensor,  # [K, V] target probabilities at position 1 given each x0
+    q: torch.Tensor,  # [K, V] draft probabilities at position 1 given each x0
+) -> float:
+    """TV of the bug's shift of the token at position 1, marginal over x0 (what is tested)."""
+    shift = (weights.double()[:, None] * bug_shift(p.double(), q.double())).sum(0)  # [V]
+    return 0.5 * float(shift.abs().sum())
+
+
+@dataclass(slots=True)
+class BugBias:
+    tv: float  # predicted TV between bugged and correct output at position 1
+    untracked: float  # probability of the first tokens not followed: the true TV is within tv +- untracked
+    first_tokens: int  # first tokens x0 followed
+
+
+def predict_bug_bias(target, drafter, eos: frozenset[int], prompt_ids: list[int], params: SamplingParams,
+                     coverage: float = 0.99, max_first: int = 16) -> BugBias:
+    """The bias resample-from-p would cause at output position 1 for this prompt: follows the most
+    likely first tokens x0 (until `coverage` of their mass, at most `max_first`); per x0 one target
+    forward of one token over the prompt's KV state and one draft proposal."""
+    seq, key = target.new_sequence(), -1  # a drafter key no engine hands out
+    gen = torch.Generator().manual_seed(0)  # the drafted token is irrelevant: only q is used
+    try:
+        p0 = warp(target.forward([seq], [prompt_ids], [1])[0], params)[0]  # [V]
+        probs, order = p0.double().sort(descending=True)
+        k = min(max_first, int((probs.cumsum(0) < coverage).sum()) + 1)
+        rows_p, rows_q = torch.zeros(k, p0.shape[0]), torch.zeros(k, p0.shape[0])
+        for i, x0 in enumerate(order[:k].tolist()):
+            if x0 in eos:  # the output ends at position 0: nothing is drafted
+                continue
+            rows_p[i] = warp(target.forward([seq], [[x0]], [1])[0], params)[0]
+            target.truncate(seq, len(prompt_ids))
+            prop = drafter.propose(key, prompt_ids + [x0], 1, params, gen)
+            if prop.tokens:
+                rows_q[i] = prop.draft_probs(p0.shape[0])[0]
+    finally:
+        target.free(seq)
+        drafter.release(key)
+    return BugBias(mixture_bug_tv(probs[:k], rows_p, rows_q), max(0.0, float(1 - probs[:k].sum())), k)
