@@ -226,7 +226,12 @@ class Planner:
                 best_d = min(d_up, self.probe_max)
                 t_probe = self._round_s(best_d, n_seqs) + self.draft_cost(1, behind) - self.draft_cost(1, 1)
                 best_r = expected_tokens(req.acceptance.alpha(), best_d) / t_probe
-                if self._catch_up_pays(req, behind, r_plain, r_up):
+                # the first probe pays the prompt's catch-up, which any speculation needs: judged
+                # over the rest of the request; a later probe must pay for itself, catch-up included
+                later = any(req.plans)
+                r_probe = expected_tokens(req.acceptance.upper(), best_d) / t_probe
+                if (r_probe > r_plain * (1 + self.margin)) if later else \
+                        self._catch_up_pays(req, behind, r_plain, r_up):
                     return Plan(best_d, best_r, r_plain, tokens=expected_tokens(req.acceptance.alpha(), best_d),
                                 probe=True)
             return Plan(0, r_plain, r_plain)
