@@ -142,8 +142,9 @@ def runner_identity(runner: ModelRunner) -> dict | None:
         return None
     import torch
 
+    # the name can be a directory holding several GGUF files: the weights' size tells them apart
     ident.update(model=name, device=str(getattr(runner, "device", "")), threads=torch.get_num_threads(),
-                 dtype=str(next(model.parameters()).dtype))
+                 dtype=str(next(model.parameters()).dtype), params=sum(p.numel() for p in model.parameters()))
     return ident
 
 

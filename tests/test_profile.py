@@ -124,3 +124,20 @@ def test_torch_runner_profile():
     assert res.backend == "torch" and len(res.rows) == 4
     assert all(r["ms_median"] > 0 for r in res.rows)
     assert runner.kv_bytes() == 0
+
+
+def test_profile_cache_tells_models_in_one_directory_apart():
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from draftwise.backends.torch_runner import TorchRunner
+    from draftwise.profile import runner_identity
+
+    def runner(hidden):
+        torch.manual_seed(0)
+        m = Qwen2ForCausalLM(Qwen2Config(hidden_size=hidden, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, vocab_size=64))
+        m.config._name_or_path = "/models"  # two GGUF files in one directory share this name
+        return TorchRunner(m)
+    a, b = runner_identity(runner(32)), runner_identity(runner(64))
+    assert a is not None and b is not None and a != b
