@@ -25,4 +25,11 @@ if [[ ",$extras," == *",llama,"* ]] && ! $py -c "import llama_cpp, sys; sys.exit
     fi
 fi
 $py -m pip install --quiet -e ".[${extras}]"
+# the report's browser test needs Chromium (Debian package); best effort, the test skips without it
+if [[ ",$extras," == *",test,"* ]] && ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] \
+        && command -v apt-get >/dev/null; then
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 \
+        || (apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1)) \
+        || echo "could not install chromium: tests/test_report_browser.py will be skipped"
+fi
 .venv/bin/draftwise models install
