@@ -36,18 +36,19 @@ CHECK = dict(positions=1, min_tv=0.2, alpha=0.01, power=0.99)
 NGRAM_PROMPT = "".join(f"Answer: {a}\n" for a in ("right", "right", "right", "left", "right", "right")) + "Answer"
 
 
-def _run(runner, tok, drafter, ids, temperature, top_p, num_draft_tokens=4):
+def _run(runner, tok, drafter, ids, temperature, top_p, num_draft_tokens=4, **check):
+    check = {**CHECK, **check}
     plain = Engine(runner, tok, reuse_prefix=True)
     shared: dict = {}  # one plain sample serves both checks
     reports = {}
     for sampler in (rejection_sample, resample_from_p):
         spec = Engine(runner, tok, drafter, num_draft_tokens, sampler=sampler, reuse_prefix=True)
         reports[sampler] = check_sampling(plain, spec, [ids], temperature, top_p, plain_samples=shared,
-                                          predict_bias=sampler is rejection_sample, **CHECK)
+                                          predict_bias=sampler is rejection_sample, **check)
     good, bad = reports[rejection_sample], reports[resample_from_p]
     print(f"\nT={temperature} top_p={top_p}\n--- real rule\n{good.summary()}\n--- injected bug\n{bad.summary()}")
     bias = good.bug_bias[0]
-    assert bias.tv - bias.untracked >= CHECK["min_tv"], "the bug is too small here for this check to see"
+    assert bias.tv - bias.untracked >= check["min_tv"], "the bug is too small here for this check to see"
     for rep in (good, bad):
         assert rep.samples >= rep.required_samples
         assert all(r.tested for r in rep.results), "fewer rejections than the check needs: " + rep.summary()
@@ -67,9 +68,11 @@ def test_ngram_drafter(smol, temperature, top_p):
     _run(runner, tok, NgramDrafter(1, 3), tok.encode(NGRAM_PROMPT), temperature, top_p)
 
 
-# A raw prompt on which Qwen2.5-Coder-0.5B and -1.5B disagree at output position 1, so that the
-# bug's predicted bias there is >= min_tv at both settings: not yet found (docs/verify.md).
-QWEN_PROMPT: str | None = None
+# A raw prompt on which Qwen2.5-Coder-0.5B and -1.5B disagree at output position 1: the best of
+# 21 answer-record prompts by predicted bias (0.213 at T 0.7 / top-p 0.9, 0.175 at T 1.0), so
+# the check is sized for TV 0.2 and 0.15 there (a model drafter's bias is at most min(b, 1 - b)).
+QWEN_PROMPT: str | None = "".join(f"Answer: {a}\n" for a in ("dog", "cat", "dog", "dog", "cat")) + "Answer"
+QWEN_MIN_TV = {0.7: 0.2, 1.0: 0.15}
 
 
 @pytest.fixture(scope="module")
@@ -85,4 +88,5 @@ def qwen_pair():
 @pytest.mark.parametrize("temperature,top_p", SETTINGS)
 def test_qwen_draft_model(qwen_pair, temperature, top_p):
     target, tok, drafter = qwen_pair
-    _run(target, tok, drafter, tok.encode(QWEN_PROMPT), temperature, top_p, num_draft_tokens=1)
+    _run(target, tok, drafter, tok.encode(QWEN_PROMPT), temperature, top_p, num_draft_tokens=1,
+         min_tv=QWEN_MIN_TV[temperature])
