@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from draftwise.build import make_planner
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
@@ -40,22 +41,28 @@ def main() -> None:
     ap.add_argument("--out", default="results/core_torch.jsonl")
     ap.add_argument("--n", type=int, default=10)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--ngram-d", type=int, default=10)
+    ap.add_argument("--ngram-d", default="10", help="D of the n-gram drafter, or auto (the planner)")
     ap.add_argument("--model-d", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workloads", default="editeval,humaneval")
+    ap.add_argument("--no-hf", action="store_true", help="skip the transformers generate() rows")
     args = ap.parse_args()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = {(r["prompt_id"], r["config"]) for r in map(json.loads, out.open())} if out.exists() else set()
 
     target, tok = load_torch("qwen2.5-coder-1.5b", threads=args.threads)
-    draft, _ = load_torch("qwen2.5-coder-0.5b", threads=args.threads)
-    hf_t, hf_d = target.model, draft.model
-    hf_d.generation_config.num_assistant_tokens = args.model_d
+    hf_t = target.model
     plain = Engine(target, tok)
-    ngram = Engine(target, tok, NgramDrafter(2, 4), args.ngram_d)
-    model = Engine(target, tok, ModelDrafter(draft), args.model_d)
+    ngram_d = args.ngram_d if args.ngram_d == "auto" else int(args.ngram_d)
+    drafter = NgramDrafter(2, 4)
+    ngram = Engine(target, tok, drafter, ngram_d,
+                   planner=make_planner(target, drafter) if ngram_d == "auto" else None)
+    if "humaneval" in args.workloads:
+        draft, _ = load_torch("qwen2.5-coder-0.5b", threads=args.threads)
+        hf_d = draft.model
+        hf_d.generation_config.num_assistant_tokens = args.model_d
+        model = Engine(target, tok, ModelDrafter(draft), args.model_d)
     meta = {"torch": torch.__version__, "threads": args.threads, "machine": platform.machine(),
             "max_tokens": args.max_tokens}
     plan = []
@@ -65,6 +72,8 @@ def main() -> None:
     if "humaneval" in args.workloads:
         plan += [(p, [("hf_plain", None), ("dw_plain", plain), (f"dw_model_d{args.model_d}", model),
                       ("hf_assistant", {"assistant_model": hf_d})]) for p in humaneval(args.n)]
+    if args.no_hf:
+        plan = [(p, [c for c in cfgs if not c[0].startswith("hf_")]) for p, cfgs in plan]
     # warm-up: one short run of each path
     ids0 = plan[0][0].token_ids(tok)
     hf_generate(hf_t, tok, ids0, 4)

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 import torch
 
 
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
@@ -23,7 +26,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperature 0, or one so small that logits / T overflows to inf (then softmax is NaN):
+        below 1e-5 sampling is argmax in all but ties, so it is decoded greedily (as vLLM does)."""
+        return self.temperature < GREEDY_BELOW
 
     def generator(self) -> torch.Generator:
         g = torch.Generator()

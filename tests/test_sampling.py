@@ -31,3 +31,15 @@ def test_invalid_params(kw, msg):
 def test_greedy_has_no_warp():
     with pytest.raises(ValueError):
         warp(torch.zeros(1, 3), SamplingParams())
+
+
+def test_tiny_temperature_is_greedy_not_nan():
+    # found by schemathesis against the server: temperature 1.4e-45 made logits / T overflow
+    import torch
+
+    from draftwise.sampling import SamplingParams
+    p = SamplingParams(1.401298464324817e-45)
+    assert p.greedy
+    assert not SamplingParams(1e-4).greedy
+    logits = torch.tensor([[1.0, 3.0, 2.0]])
+    assert torch.isfinite(torch.softmax(logits / 1e-4, -1)).all()  # the smallest sampled T is finite
