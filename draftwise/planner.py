@@ -218,34 +218,33 @@ class Planner:
         if available is not None:
             d_max = min(d_max, available)
         r_plain = 1.0 / (self.verify(1, n_seqs) + self.overhead_s)
-        best_d, best_r = self._best(req.acceptance.alpha(), d_max, n_seqs, r_plain)
+        alpha, up = req.acceptance.alpha(), req.acceptance.upper()  # [max_draft] each, once per round
+        best_d, best_r = self._best(alpha, d_max, n_seqs, r_plain)
         if best_d == 0 and self.probe_max > 0 and self.draft is not None \
                 and len(req.plans) >= req.next_probe:  # would optimism pay? then probe, ever more rarely
-            d_up, r_up = self._best(req.acceptance.upper(), d_max, n_seqs, r_plain)
+            d_up, r_up = self._best(up, d_max, n_seqs, r_plain)
             if d_up > 0:
                 best_d = min(d_up, self.probe_max)
                 t_probe = self._round_s(best_d, n_seqs) + self.draft_cost(1, behind) - self.draft_cost(1, 1)
-                best_r = expected_tokens(req.acceptance.alpha(), best_d) / t_probe
+                best_r = expected_tokens(alpha, best_d) / t_probe
                 # the first probe pays the prompt's catch-up, which any speculation needs: judged
                 # over the rest of the request; a later probe must pay for itself, catch-up included
                 later = any(req.plans)
-                r_probe = expected_tokens(req.acceptance.upper(), best_d) / t_probe
+                r_probe = expected_tokens(up, best_d) / t_probe
                 if (r_probe > r_plain * (1 + self.margin)) if later else \
                         self._catch_up_pays(req, behind, r_plain, r_up):
-                    return Plan(best_d, best_r, r_plain, tokens=expected_tokens(req.acceptance.alpha(), best_d),
-                                probe=True)
+                    return Plan(best_d, best_r, r_plain, tokens=expected_tokens(alpha, best_d), probe=True)
             return Plan(0, r_plain, r_plain)
         if best_d == 0:
             return Plan(0, r_plain, r_plain)
         if not self._catch_up_pays(req, behind, r_plain, best_r):
             return Plan(0, r_plain, r_plain)
         if self.probe_max > 0:  # one position deeper when optimism says so: unreached positions get tried
-            d_up, _ = self._best(req.acceptance.upper(), d_max, n_seqs, r_plain)
+            d_up, _ = self._best(up, d_max, n_seqs, r_plain)
             if d_up > best_d:
                 best_d += 1
-                best_r = expected_tokens(req.acceptance.alpha(), best_d) / self._round_s(best_d, n_seqs)
+                best_r = expected_tokens(alpha, best_d) / self._round_s(best_d, n_seqs)
         conf = []
-        alpha = req.acceptance.alpha()
         tokens = expected_tokens(alpha, best_d)
         if self.draft is not None:
             reach = np.cumprod(alpha)  # [max_draft] P(tokens 1..i accepted)
