@@ -51,6 +51,26 @@ class GenerationResult:
                 "finish_reason": self.finish_reason, "ttft_s": self.ttft_s, "stats": self.stats.to_dict()}
 
 
+def check_request(target: ModelRunner, drafter: Drafter | None, prompt_ids: list[int], max_tokens: int,
+                  d_max: int) -> None:
+    """ValueError naming the problem for a request that cannot run (shared with the scheduler)."""
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    d = d_max if drafter is not None else 0
+    limit = target.max_context
+    if drafter is not None and drafter.max_context is not None:
+        limit = min(limit, drafter.max_context)
+    need = len(prompt_ids) + max_tokens + d
+    if need > limit:
+        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) + draft "
+                         f"({d}) = {need} exceeds the context of {limit} tokens")
+    bad = [t for t in prompt_ids if not 0 <= t < target.vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids out of range [0, {target.vocab_size}): {bad[:5]}")
+
+
 class Engine:
     """`num_draft_tokens` is a fixed D, or "auto": the planner picks D (0 included) every round.
     `sampler` is the acceptance rule at temperature > 0 (swappable only so that `draftwise
@@ -103,20 +123,7 @@ class Engine:
         return d
 
     def _check_request(self, prompt_ids: list[int], max_tokens: int, d_max: int) -> None:
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        limit = self.target.max_context
-        if self.drafter is not None and self.drafter.max_context is not None:
-            limit = min(limit, self.drafter.max_context)
-        need = len(prompt_ids) + max_tokens + (d_max if self.drafter else 0)
-        if need > limit:
-            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) + draft "
-                             f"({d_max if self.drafter else 0}) = {need} exceeds the context of {limit} tokens")
-        bad = [t for t in prompt_ids if not 0 <= t < self.target.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token ids out of range [0, {self.target.vocab_size}): {bad[:5]}")
+        check_request(self.target, self.drafter, prompt_ids, max_tokens, d_max)
 
     def _run(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams,
              stop: list[str], d_max: int, auto: bool = False) -> Iterator[Chunk]:

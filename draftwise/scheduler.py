@@ -30,7 +30,7 @@ import torch
 
 from draftwise.backends.base import ModelRunner
 from draftwise.drafters.base import Drafter, Proposal
-from draftwise.engine import Chunk, GenerationResult
+from draftwise.engine import Chunk, GenerationResult, check_request
 from draftwise.output import OutputTracker
 from draftwise.sampling import SamplingParams, sample, warp
 from draftwise.stats import SpecStats
@@ -118,23 +118,9 @@ class Scheduler:
     def check(self, prompt_ids: list[int], max_tokens: int, num_draft_tokens: int | None) -> None:
         """ValueError for a request that cannot run (as Engine checks one)."""
         d = self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if d < 0:
             raise ValueError(f"num_draft_tokens must be >= 0, got {d}")
-        d = d if self.drafter is not None else 0
-        limit = self.target.max_context
-        if self.drafter is not None and self.drafter.max_context is not None:
-            limit = min(limit, self.drafter.max_context)
-        need = len(prompt_ids) + max_tokens + d
-        if need > limit:
-            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) + draft ({d}) "
-                             f"= {need} exceeds the context of {limit} tokens")
-        bad = [t for t in prompt_ids if not 0 <= t < self.target.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token ids out of range [0, {self.target.vocab_size}): {bad[:5]}")
+        check_request(self.target, self.drafter, prompt_ids, max_tokens, d)
 
     def submit(self, req: Request) -> None:
         self.check(req.prompt_ids, req.max_tokens, req.num_draft_tokens)
