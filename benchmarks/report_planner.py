@@ -7,6 +7,7 @@ output check.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from collections import defaultdict
 
@@ -63,13 +64,17 @@ def main(path: str) -> None:
             print(f"- {m.config} {m.prompt_id}: {m.to_dict()}")
 
 
-def _plain_share(path: str, drafter: str, scope: str) -> str:
-    """Share of auto's decode steps that were plain steps (D = 0 chosen, or nothing proposed)."""
+@functools.lru_cache(maxsize=None)
+def _requests(path: str) -> list[dict]:
     from draftwise.bench.results import Results
 
-    res = Results.load(path)
+    return list(Results.load(path).requests.values())
+
+
+def _plain_share(path: str, drafter: str, scope: str) -> str:
+    """Share of auto's decode steps that were plain steps (D = 0 chosen, or nothing proposed)."""
     steps = plain = 0
-    for r in res.requests.values():
+    for r in _requests(path):
         if r["config"] != f"{drafter}:auto" or (scope != "all" and f"category:{r['category']}" != scope):
             continue
         st = r["stats"]
