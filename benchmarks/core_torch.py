@@ -41,7 +41,8 @@ def main() -> None:
     ap.add_argument("--out", default="results/core_torch.jsonl")
     ap.add_argument("--n", type=int, default=10)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--ngram-d", default="10", help="D of the n-gram drafter, or auto (the planner)")
+    ap.add_argument("--ngram-d", default="10", help="D of the n-gram drafter, or auto (the planner); "
+                    "comma-separated for several configurations side by side (10,auto)")
     ap.add_argument("--model-d", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workloads", default="editeval,humaneval")
@@ -54,20 +55,22 @@ def main() -> None:
     target, tok = load_torch("qwen2.5-coder-1.5b", threads=args.threads)
     hf_t = target.model
     plain = Engine(target, tok)
-    ngram_d = args.ngram_d if args.ngram_d == "auto" else int(args.ngram_d)
-    drafter = NgramDrafter(2, 4)
-    ngram = Engine(target, tok, drafter, ngram_d,
-                   planner=make_planner(target, drafter) if ngram_d == "auto" else None)
+    ngrams = []
+    for d in args.ngram_d.split(","):
+        drafter = NgramDrafter(2, 4)
+        d = d if d == "auto" else int(d)
+        ngrams.append((f"dw_ngram_d{d}", Engine(target, tok, drafter, d,
+                                                planner=make_planner(target, drafter) if d == "auto" else None)))
     if "humaneval" in args.workloads:
-        draft, _ = load_torch("qwen2.5-coder-0.5b", threads=args.threads)
+        draft, _ = load_torch("qwen2.5-coder-0.5b", threads=args.threads, pack="off")
         hf_d = draft.model
         hf_d.generation_config.num_assistant_tokens = args.model_d
         model = Engine(target, tok, ModelDrafter(draft), args.model_d)
     meta = {"torch": torch.__version__, "threads": args.threads, "machine": platform.machine(),
-            "max_tokens": args.max_tokens}
+            "max_tokens": args.max_tokens, "packed_linear": target.packed}
     plan = []
     if "editeval" in args.workloads:
-        plan += [(p, [("hf_plain", None), ("dw_plain", plain), (f"dw_ngram_d{args.ngram_d}", ngram),
+        plan += [(p, [("hf_plain", None), ("dw_plain", plain), *ngrams,
                       ("hf_prompt_lookup_10", {"prompt_lookup_num_tokens": 10})]) for p in edit_eval(args.n)]
     if "humaneval" in args.workloads:
         plan += [(p, [("hf_plain", None), ("dw_plain", plain), (f"dw_model_d{args.model_d}", model),

@@ -63,7 +63,7 @@ def build_engine(spec: EngineSpec, target=None):
         drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
     elif spec.drafter == "model":
         d_runner, d_tok = load_runner(spec.draft_model, spec.draft_backend, spec.threads, spec.max_context,
-                                      **_backend_kw(spec.draft_backend, spec))
+                                      **_backend_kw(spec.draft_backend, spec, draft=True))
         check_vocabularies(tok, d_tok, spec.target, spec.draft_model)
         drafter = ModelDrafter(d_runner)
     planner = make_planner(runner, drafter) if spec.num_draft_tokens == "auto" and drafter else None
@@ -93,7 +93,9 @@ def make_planner(runner, drafter, max_draft: int = 16, batch_sizes=(1,), log=pri
     return Planner(verify, draft, prior=prior, max_draft=max_draft, **kw)
 
 
-def _backend_kw(backend: str, spec: EngineSpec) -> dict:
+def _backend_kw(backend: str, spec: EngineSpec, draft: bool = False) -> dict:
+    if backend == "torch":  # a draft model steps one token at a time: plain sgemm, no packed copy
+        return {"pack": "off"} if draft else {}
     if backend != "llama.cpp":
         return {}
     return {"fast_kernels": spec.fast_kernels, **({"n_batch": spec.n_batch} if spec.n_batch else {})}

@@ -144,7 +144,9 @@ def runner_identity(runner: ModelRunner) -> dict | None:
 
     # the name can be a directory holding several GGUF files: the weights' size tells them apart
     ident.update(model=name, device=str(getattr(runner, "device", "")), threads=torch.get_num_threads(),
-                 dtype=str(next(model.parameters()).dtype), params=sum(p.numel() for p in model.parameters()))
+                 dtype=str(next(model.parameters()).dtype),
+                 params=getattr(runner, "num_params", None) or sum(p.numel() for p in model.parameters()),
+                 packed=getattr(runner, "packed", "off"))
     return ident
 
 

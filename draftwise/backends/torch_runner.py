@@ -13,17 +13,26 @@ import itertools
 import torch
 from transformers import DynamicCache
 
+from draftwise.backends import packed_linear
 from draftwise.backends.base import check_forward_args
 
 
 class TorchRunner:
     backend = "torch"
 
-    def __init__(self, model, max_context: int | None = None, device: str | torch.device = "cpu"):
+    def __init__(self, model, max_context: int | None = None, device: str | torch.device = "cpu",
+                 pack: str | None = None):
+        """pack: "off", "hybrid" or "full" — fp32 linears on MKL's packed GEMM for multi-token
+        forwards (packed_linear.py); None = DRAFTWISE_TORCH_PACK or a memory-based choice, for fp32
+        on a CPU only."""
         self.model = model.eval().to(device)
         self.device = torch.device(device)
         cfg = model.config
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.num_params = sum(p.numel() for p in model.parameters())
+        cpu_fp32 = self.device.type == "cpu" and next(model.parameters()).dtype == torch.float32
+        mode = packed_linear.choose_mode(self.model, pack) if cpu_fp32 else "off"
+        self.packed = mode if packed_linear.pack_linears(self.model, mode) > 0 else "off"
         self.max_context = int(max_context or getattr(cfg, "max_position_embeddings", 4096))
         self._caches: dict[int, DynamicCache] = {}
         self._ids = itertools.count()

@@ -39,8 +39,10 @@ def load_tokenizer(src: ModelSource) -> Tokenizer:
     return Tokenizer(hf, eos)
 
 
-def load_torch(spec: str, device: str = "cpu", threads: int | None = None, max_context: int | None = None):
-    """(TorchRunner, Tokenizer) for a model spec; fp32 on CPU."""
+def load_torch(spec: str, device: str = "cpu", threads: int | None = None, max_context: int | None = None,
+               pack: str | None = None):
+    """(TorchRunner, Tokenizer) for a model spec; fp32 on CPU. pack: TorchRunner's packed-linear
+    mode ("off", "hybrid", "full"; None chooses)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -53,7 +55,7 @@ def load_torch(spec: str, device: str = "cpu", threads: int | None = None, max_c
     dtype = torch.float32 if str(device) == "cpu" else torch.bfloat16
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
-    return TorchRunner(model, max_context=max_context, device=device), load_tokenizer(src)
+    return TorchRunner(model, max_context=max_context, device=device, pack=pack), load_tokenizer(src)
 
 
 BACKENDS = ("torch", "llama.cpp")
@@ -76,7 +78,8 @@ def load_runner(spec: str, backend: str = "torch", threads: int | None = None,
                 max_context: int | None = None, **backend_kw):
     """(runner, tokenizer) for a model spec on the named backend."""
     if backend == "torch":
-        return load_torch(spec, device=backend_kw.get("device", "cpu"), threads=threads, max_context=max_context)
+        return load_torch(spec, device=backend_kw.get("device", "cpu"), threads=threads, max_context=max_context,
+                          pack=backend_kw.get("pack"))
     if backend == "llama.cpp":
         from draftwise.backends.llama_runner import load_llama
 
