@@ -228,11 +228,13 @@ class Planner:
                 t_probe = self._round_s(best_d, n_seqs) + self.draft_cost(1, behind) - self.draft_cost(1, 1)
                 best_r = expected_tokens(alpha, best_d) / t_probe
                 # the first probe pays the prompt's catch-up, which any speculation needs: judged
-                # over the rest of the request; a later probe must pay for itself, catch-up included
+                # over the rest of the request, and skipped when the recent requests' optimistic
+                # estimate (tight once they are many) says no D pays; a later probe must pay for
+                # itself, catch-up included
                 later = any(req.plans)
                 r_probe = expected_tokens(up, best_d) / t_probe
                 if (r_probe > r_plain * (1 + self.margin)) if later else \
-                        self._catch_up_pays(req, behind, r_plain, r_up):
+                        self._catch_up_pays(req, behind, r_plain, r_up) and self._workload_may_pay(d_max, n_seqs, r_plain):
                     return Plan(best_d, best_r, r_plain, tokens=expected_tokens(alpha, best_d), probe=True)
             return Plan(0, r_plain, r_plain)
         if best_d == 0:
@@ -270,6 +272,11 @@ class Planner:
         if best_r < r_plain * (1 + self.margin):
             return 0, r_plain
         return best_d, best_r
+
+    def _workload_may_pay(self, d_max: int, n_seqs: int, r_plain: float) -> bool:
+        """Would any D pay at the optimistic bound of the recent requests' acceptance? Wide (yes)
+        until the workload has been seen; no once many requests measured a drafter that does not pay."""
+        return self._best(self.workload.upper(), d_max, n_seqs, r_plain)[0] > 0
 
     def _catch_up_pays(self, req: RequestPlan, behind: int, r_plain: float, r_spec: float) -> bool:
         """A draft model that fell behind catches up once; worth it if the rest of the request,

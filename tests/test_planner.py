@@ -213,6 +213,26 @@ def test_draft_model_probes_when_uncertain_then_trusts_what_it_measured():
     assert max(chosen[-40:]) <= pl.probe_max
 
 
+def test_first_probe_skipped_once_the_workload_shows_the_draft_does_not_pay():
+    # many earlier requests measured acceptance ~1/4, where no D pays; a new request's own estimate
+    # (one round's worth of that evidence) is still wide enough to call for a probe
+    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0))
+    assert pl.plan(pl.new_request(10_000)).probe  # nothing seen yet: explore
+    for i in range(40):
+        r = pl.new_request(10_000)
+        pl.commit(r, pl.plan(r), 2, int(i % 4 == 0), 1)
+    req = pl.new_request(10_000)
+    r_plain = 1 / pl.verify(1)
+    assert pl._best(req.acceptance.upper(), 16, 1, r_plain)[0] > 0  # its own optimism alone would probe
+    assert pl.plan(req).d == 0
+    # the same history with every draft accepted keeps drafting for new requests
+    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0))
+    for _ in range(40):
+        r = pl.new_request(10_000)
+        pl.commit(r, pl.plan(r), 2, 2, 3)
+    assert pl.plan(pl.new_request(10_000)).d > 0
+
+
 def test_catch_up_priced_by_the_measured_long_forward():
     # without a long-forward point, 256 tokens extrapolate the k<=17 curve; with one, they cost it
     c = CostCurve({1: [10.0 + k for k in range(17)]}, prefill=(256, 100.0))
