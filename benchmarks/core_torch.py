@@ -80,7 +80,8 @@ def main() -> None:
     # warm-up: one short run of each path
     ids0 = plan[0][0].token_ids(tok)
     hf_generate(hf_t, tok, ids0, 4)
-    plain.generate(ids0, max_tokens=4)
+    for eng in {id(e): e for _, cfgs in plan for _, e in cfgs if isinstance(e, Engine)}.values():
+        eng.generate(ids0, max_tokens=4)
     for prompt, configs in plan:
         ids = prompt.token_ids(tok)
         for name, how in configs:

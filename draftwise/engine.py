@@ -32,6 +32,25 @@ class Chunk:
     time_s: float  # since the request started
     finish_reason: str | None = None  # "stop" | "length" on the last chunk
     result: GenerationResult | None = None  # on the last chunk
+    logprobs: list[TokenLogprobs] | None = None  # one per token, when the request asked for them
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """The target's log-probability of an emitted token and its top alternatives, from the raw
+    logits (before temperature/top-k/top-p, as vLLM's default `raw_logprobs`)."""
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, logprob), most likely first
+
+    @staticmethod
+    def of(logits: torch.Tensor, tokens: list[int], k: int) -> list["TokenLogprobs"]:
+        """logits [n, V] (row i: the distribution token i was drawn from), tokens [n]."""
+        lp = torch.log_softmax(logits.float(), dim=-1)  # [n, V]
+        chosen = lp.gather(1, torch.tensor(tokens).view(-1, 1))[:, 0].tolist()  # [n]
+        if k <= 0:
+            return [TokenLogprobs(c, []) for c in chosen]
+        vals, ids = lp.topk(k, dim=-1)  # [n, k]
+        return [TokenLogprobs(c, list(zip(i, v))) for c, i, v in zip(chosen, ids.tolist(), vals.tolist())]
 
 
 @dataclass(slots=True)
@@ -45,6 +64,7 @@ class GenerationResult:
     chunk_times_s: list[float] = field(default_factory=list)
     # per verification round: (output position of its first draft token, proposed, accepted)
     rounds: list[tuple[int, int, int]] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] | None = None  # the server's, when asked for
 
     def to_dict(self) -> dict:
         return {"text": self.text, "token_ids": self.token_ids, "prompt_tokens": self.prompt_tokens,

@@ -10,6 +10,7 @@ start of the next step.
     admit:   waiting -> running; each prompt is prefilled in its own forward, exactly as a lone
              request is, and its first token committed
     propose: per running request D = choose_draft_len(state, n_running), then drafter.propose
+             (a draft model: propose_many, every request's draft in lockstep, one forward a step)
     verify:  ONE target forward over all running sequences, each fed [last] + its draft;
              greedy_verify / rejection_sample per sequence; truncate each rejected tail
     commit:  stops, stats, a Chunk to the request; finished requests free their KV state
@@ -30,7 +31,7 @@ import torch
 
 from draftwise.backends.base import ModelRunner
 from draftwise.drafters.base import Drafter, Proposal
-from draftwise.engine import Chunk, GenerationResult, check_request
+from draftwise.engine import Chunk, GenerationResult, TokenLogprobs, check_request
 from draftwise.output import OutputTracker
 from draftwise.sampling import SamplingParams, sample, warp
 from draftwise.stats import SpecStats
@@ -51,6 +52,7 @@ class Request:
     deliver: Callable[[Chunk | BaseException], None]  # called from the scheduler thread
     stop: list[str] = field(default_factory=list)
     num_draft_tokens: int | None = None  # None: the scheduler's default; 0: speculation off
+    logprobs: int | None = None  # None: none; k >= 0: each token's logprob and its top k alternatives
     t0: float = field(default_factory=time.perf_counter)  # arrival; chunk times count from here
     cancelled: bool = False
 
@@ -73,6 +75,7 @@ class RequestState:
     rounds: list[tuple[int, int, int]] = field(default_factory=list)
     ttft: float = 0.0
     policy: object = None  # the draft-length policy's own per-request state
+    logprobs: list[TokenLogprobs] | None = None
 
 
 class NullObserver:
@@ -215,21 +218,13 @@ class Scheduler:
         st.stats.plain_steps += 1
         st.stats.prefill_s = time.perf_counter() - req.t0
         st.ctx.append(first)
-        self._commit(st, [first], None)
+        self._commit(st, [first], None, _logprobs(req, logits[-1:], [first]))
 
     def _decode(self, batch: list[RequestState]) -> None:
         n = len(batch)
-        props = []
-        for st in batch:  # propose
-            d = min(self.choose_draft_len(st, n), st.out.remaining - 1) if self.drafter is not None else 0
-            t = time.perf_counter()
-            try:
-                props.append(self.drafter.propose(st.key, st.ctx, d, st.req.params, st.gen) if d > 0 else _NO_DRAFT)
-            except Exception as e:  # noqa: BLE001
-                props.append(None)
-                self._drop(st, e)
-            st.stats.draft_s += time.perf_counter() - t
-            self.observer.phase("draft", time.perf_counter() - t)
+        ds = [min(self.choose_draft_len(st, n), st.out.remaining - 1) if self.drafter is not None else 0
+              for st in batch]
+        props = self._propose(batch, ds)
         live = [(st, p) for st, p in zip(batch, props) if p is not None]
         if not live:
             return
@@ -262,10 +257,43 @@ class Scheduler:
             st.ctx += res.tokens
             if self.after_round is not None:
                 self.after_round(st, len(prop.tokens), res.num_accepted, len(res.tokens))
-            self._commit(st, res.tokens, bool(prop.tokens))
+            # row i of the verification scored emitted token i (accepted, then recovered or bonus)
+            self._commit(st, res.tokens, bool(prop.tokens), _logprobs(st.req, rows[: len(res.tokens)], res.tokens))
         self.observer.phase("other", time.perf_counter() - t)
 
-    def _commit(self, st: RequestState, tokens: list[int], from_round: bool | None) -> None:
+    def _propose(self, batch: list[RequestState], ds: list[int]) -> list[Proposal | None]:
+        """Each request's draft (None where drafting failed and the request was dropped). A drafter
+        with `propose_many` (a draft model) drafts all of them in lockstep, one forward per step;
+        each request's draft time is then the whole call's, as its verify time is the step's."""
+        todo = [(st, d) for st, d in zip(batch, ds) if d > 0]
+        t = time.perf_counter()
+        if todo and hasattr(self.drafter, "propose_many"):
+            try:
+                got = self.drafter.propose_many([(st.key, st.ctx, d, st.req.params, st.gen) for st, d in todo])
+            except Exception as e:  # noqa: BLE001
+                for st, _ in todo:
+                    self._drop(st, e)
+                got = [None] * len(todo)
+            dt = time.perf_counter() - t
+            for st, _ in todo:
+                st.stats.draft_s += dt
+            self.observer.phase("draft", dt)
+            by_key = {st.key: p for (st, _), p in zip(todo, got)}
+            return [by_key[st.key] if d > 0 else _NO_DRAFT for st, d in zip(batch, ds)]
+        props = []
+        for st, d in zip(batch, ds):
+            t = time.perf_counter()
+            try:
+                props.append(self.drafter.propose(st.key, st.ctx, d, st.req.params, st.gen) if d > 0 else _NO_DRAFT)
+            except Exception as e:  # noqa: BLE001
+                props.append(None)
+                self._drop(st, e)
+            st.stats.draft_s += time.perf_counter() - t
+            self.observer.phase("draft", time.perf_counter() - t)
+        return props
+
+    def _commit(self, st: RequestState, tokens: list[int], from_round: bool | None,
+                logprobs: list[TokenLogprobs] | None = None) -> None:
         kept, delta = st.out.add(tokens)
         s = st.stats
         s.emitted_tokens += len(kept)
@@ -277,12 +305,15 @@ class Scheduler:
             st.ttft = now
         st.times.append(now)
         chunk = Chunk(kept, delta, now, st.out.finish_reason)
+        if logprobs is not None:
+            chunk.logprobs = logprobs[: len(kept)]
+            st.logprobs = (st.logprobs or []) + chunk.logprobs
         if st.out.finish_reason is not None:
             s.wall_s = now
             s.other_s = s.wall_s - s.prefill_s - s.draft_s - s.verify_s
             chunk.result = GenerationResult(st.out.text, st.out.token_ids, len(st.req.prompt_ids),
                                             st.out.finish_reason, s, st.ttft,
-                                            st.times, st.rounds)
+                                            st.times, st.rounds, st.logprobs)
             self._free(st)
             self.observer.finished(st.req, chunk.result)
         if not self._send(st.req, chunk) and st.out.finish_reason is None:
@@ -320,3 +351,7 @@ def _verify(logits: torch.Tensor, prop: Proposal, params: SamplingParams, gen) -
         return greedy_verify(logits, draft)
     p = warp(logits, params)  # [d+1, V]
     return rejection_sample(p, prop.draft_probs(p.shape[1]), draft, gen)
+
+
+def _logprobs(req: Request, logits: torch.Tensor, tokens: list[int]) -> list[TokenLogprobs] | None:
+    return None if req.logprobs is None else TokenLogprobs.of(logits, tokens, req.logprobs)

@@ -33,8 +33,8 @@ class FakeServer:
 
     PIECES = ["Hel", "lo", " wor", "ld"]
 
-    def __init__(self, usage=True, spec=True, text=None):
-        self.usage, self.spec, self.text = usage, spec, text
+    def __init__(self, usage=True, spec=True, text=None, logprobs=False):
+        self.usage, self.spec, self.text, self.logprobs = usage, spec, text, logprobs
         self.bodies, self.requests, self.in_flight, self.max_in_flight = [], 0, 0, 0
         self.lock = threading.Lock()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -97,6 +97,11 @@ class FakeServer:
                     last = i == len(pieces) - 1
                     choice = {"index": 0, "finish_reason": "length" if last else None}
                     choice.update({"delta": {"content": piece}} if chat else {"text": piece})
+                    if srv.logprobs and body.get("logprobs"):  # piece i: top-2 margin 0.5 + i
+                        top = {piece: -0.1, "~": -0.6 - i}
+                        choice["logprobs"] = {"content": [{"token": piece, "logprob": -0.1, "top_logprobs": [
+                            {"token": t, "logprob": v} for t, v in top.items()]}]} if chat else \
+                            {"tokens": [piece], "token_logprobs": [-0.1], "top_logprobs": [top]}
                     self._chunk({"id": "x", "choices": [choice]})
                 with srv.lock:  # counted before the stream ends, so /metrics read afterwards has it
                     srv.requests += 1
@@ -226,4 +231,30 @@ def test_bench_against_two_servers(tmp_path, server):
         page = write_report(s, tmp_path / "report.html").read_text()
         assert "2 of 9 outputs DIFFER" in page and "http://127.0.0.1" in page  # the servers, in the conditions
     finally:
+        plain.close()
+
+
+@pytest.mark.parametrize("api", ["tokens", "chat"])
+def test_logprobs_give_token_positions_and_margins(tmp_path, api):
+    """With logprobs (asked for at temperature 0), servers' outputs are compared token by token and
+    each divergence carries the top-2 margin in the baseline's output and in the other's."""
+    spec = FakeServer(logprobs=True)
+    plain = FakeServer(logprobs=True, text=lambda b: ["Hel", "lo", " war", "ld"] if b.get("prompt") == [1, 2] else spec.PIECES)
+    try:
+        target = EndpointTarget(spec.url, api=api, logprobs=True)
+        r = target.run_one(Prompt("p", "c", messages=({"role": "user", "content": "x"},)), [1], KW)
+        assert r["tokens"] == spec.PIECES and r["margins"] == pytest.approx([0.5, 1.5, 2.5, 3.5])
+        body = spec.bodies[-1][1]
+        assert body["logprobs"] == (True if api == "chat" else 2) and body.get("top_logprobs") == (2 if api == "chat" else None)
+
+        wl = tmp_path / "w.jsonl"
+        wl.write_text("".join(json.dumps({"id": f"p{i}", "category": "c", "prompt": t}) + "\n"
+                              for i, t in enumerate(["abc", "bc"])))
+        cfg = BenchConfig(target="fake", workload=str(wl), n_per_category=None, max_tokens=8, warmup=0,
+                          out_dir=str(tmp_path / "out"), endpoints={"plain": plain.url, "spec": spec.url})
+        s = summarise(run_bench(cfg, tokenizer=CharTokenizer(), progress=False))
+        assert [(m.prompt_id, m.unit, m.position, m.baseline, m.other, m.margin_single, m.margin_batched)
+                for m in s.mismatches] == [("p1", "token", 2, " war", " wor", 2.5, 2.5)]
+    finally:
+        spec.close()
         plain.close()

@@ -83,6 +83,35 @@ def test_mixed_draft_lengths_in_one_batch(pad):
     assert runner.seqs == {}
 
 
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0, seed=7)])
+def test_draft_model_drafts_every_request_in_one_forward_per_step(params):
+    from draftwise.drafters.model import ModelDrafter
+
+    def drafter():  # a draft model that agrees with the target except after token 3
+        d = CycleRunner(period=16)
+        after = d.logits_after
+        d.logits_after = lambda t: after(t) if t != 3 else after(t + 5)
+        return d
+
+    ds = [3, 2, 0, 4]
+    alone = [Engine(CycleRunner(period=16), CharTokenizer(), ModelDrafter(drafter()), d)
+             .generate(p, max_tokens=12, temperature=params.temperature, seed=params.seed).token_ids
+             for p, d in zip(PROMPTS, ds)]
+    draft = drafter()
+    sched = Scheduler(CycleRunner(period=16), CharTokenizer(), ModelDrafter(draft), 4)
+    cols = []
+    for p, d in zip(PROMPTS, ds):
+        c = Collector()
+        sched.submit(Request(p, 12, params, c, num_draft_tokens=d))
+        cols.append(c)
+    while not all(c.done.is_set() for c in cols):
+        sched.step()
+    assert [c.result.token_ids for c in cols] == alone
+    assert max(len(f) for f in draft.forwards) == 3  # the three drafting requests, one draft forward
+    assert sum(c.result.stats.accepted_draft_tokens for c in cols) > 0
+    assert sum(c.result.stats.proposed_tokens - c.result.stats.accepted_draft_tokens for c in cols) > 0
+
+
 def test_per_request_draft_length_and_load_switch():
     _, sched = make()
     off, on = run_all(sched, PROMPTS[:2], d=0)[0], run_all(sched, PROMPTS[:1], d=2)[0]

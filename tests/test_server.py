@@ -101,7 +101,8 @@ def test_per_request_speculation_control(srv):
 @pytest.mark.parametrize("body, param", [
     ({"model": "nope", "prompt": "a"}, "model"),
     ({"prompt": "a", "n": 2}, "n"),
-    ({"prompt": "a", "logprobs": 2}, "logprobs"),
+    ({"prompt": "a", "logprobs": 21}, "logprobs"),
+    ({"prompt": "a", "best_of": 2}, "best_of"),
     ({"prompt": "a", "echo": True}, "echo"),
     ({"prompt": "a", "temperature": -1}, "temperature"),
     ({"prompt": "a", "max_tokens": 0}, "max_tokens"),
@@ -120,8 +121,10 @@ def test_bad_requests_are_400_with_openai_error(srv, body, param):
 
 
 def test_bad_requests_through_openai_client(srv, client):
-    with pytest.raises(openai.BadRequestError, match="not implemented by draftwise: logprobs"):
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], logprobs=True)
+    with pytest.raises(openai.BadRequestError, match="not implemented by draftwise: n"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], n=2)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], top_logprobs=2)
     r = httpx.post(srv.url + "/v1/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and "error" in r.json()
 
@@ -163,3 +166,33 @@ def test_queue_overflow_gives_429():
         assert s.scheduler.target._lengths == {}
     finally:
         s.close()
+
+
+def test_logprobs_are_the_targets_and_line_up_with_speculation(srv, client):
+    """Each emitted token's logprob is read from the verification row that scored it: a speculative
+    request (n-gram drafts on a repetitive prompt) reports the same logprobs as a plain one."""
+    prompt = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"
+    got = {}
+    for spec in (False, True):
+        code, body = complete(srv, prompt=prompt, max_tokens=24, logprobs=2, speculation=spec)
+        assert code == 200, body
+        got[spec] = body
+    lp, text = got[True]["choices"][0]["logprobs"], got[True]["choices"][0]["text"]
+    assert got[True]["draftwise"]["stats"]["accepted_draft_tokens"] > 0
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == got[True]["usage"]["completion_tokens"] == 24
+    assert "".join(lp["tokens"]) == text and lp["text_offset"][0] == 0
+    for chosen, top in zip(lp["token_logprobs"], lp["top_logprobs"]):
+        assert len(top) == 2 and chosen == pytest.approx(max(top.values()), abs=1e-6)  # greedy = top-1
+        assert all(v <= 0 for v in top.values())
+    plain = got[False]["choices"][0]["logprobs"]
+    assert plain["tokens"] == lp["tokens"]
+    assert plain["token_logprobs"] == pytest.approx(lp["token_logprobs"], abs=2e-2)
+
+    msgs = [{"role": "user", "content": "Count to five."}]
+    parts = list(client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=10, temperature=0,
+                                                logprobs=True, top_logprobs=3, stream=True,
+                                                stream_options={"include_usage": True}))
+    content = [c for p in parts if p.choices and p.choices[0].logprobs for c in p.choices[0].logprobs.content]
+    assert len(content) == parts[-1].usage.completion_tokens
+    assert all(len(c.top_logprobs) == 3 and c.top_logprobs[0].logprob >= c.top_logprobs[2].logprob for c in content)
+    assert "".join(c.token for c in content) == "".join(p.choices[0].delta.content or "" for p in parts if p.choices)

@@ -2,8 +2,11 @@
 
 Each request is compared with the baseline's output for the same prompt in the same repeat and
 concurrency (else the baseline's first); the baseline's own repeats are compared with its first,
-so a nondeterministic baseline shows up too. Servers return text only: their outputs are
-compared by text, and the position is then a character index.
+so a nondeterministic baseline shows up too. Servers return token ids only if they are draftwise's
+(`return_token_ids`); with logprobs (asked for at temperature 0) they return each token's text and
+top-2 logprobs, so outputs are compared token by token (by the tokens' text) and the margin at a
+divergence is top-1 minus top-2 logprob — the same as the logit margin, since both logprobs share
+one normaliser. Otherwise outputs are compared by text and the position is a character index.
 """
 from __future__ import annotations
 
@@ -24,8 +27,8 @@ class Mismatch:
     other: int | str | None
     key: str  # the request's results key
     reference_key: str  # the baseline request it was compared with
-    margin_single: float | None = None  # target's top-1 minus top-2 logit there (see compare.py)
-    margin_batched: float | None = None
+    margin_single: float | None = None  # target's top-1 minus top-2 logit there (see compare.py);
+    margin_batched: float | None = None  # for a server: in the baseline's output / in this one
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -45,6 +48,8 @@ def compare_outputs(ref: dict, r: dict) -> tuple[str, int, object, object] | Non
     """(unit, position, baseline item, other item) at the first difference, or None if equal."""
     if ref.get("token_ids") is not None and r.get("token_ids") is not None:
         a, b, unit = ref["token_ids"], r["token_ids"], "token"
+    elif ref.get("tokens") is not None and r.get("tokens") is not None:
+        a, b, unit = ref["tokens"], r["tokens"], "token"
     else:
         a, b, unit = ref.get("text") or "", r.get("text") or "", "char"
     i = first_divergence(list(a), list(b))
@@ -71,5 +76,11 @@ def find_mismatches(requests: list[dict], baseline: str, divergences: dict[str, 
         d = (divergences or {}).get(r["key"])
         if d is not None:
             m.margin_single, m.margin_batched = d.get("margin_single"), d.get("margin_batched")
+        elif m.unit == "token" and "margins" in r and "margins" in ref:  # a server's logprobs
+            m.margin_single, m.margin_batched = _at(ref["margins"], m.position), _at(r["margins"], m.position)
         out.append(m)
     return out, checked
+
+
+def _at(xs: list, i: int):
+    return xs[i] if i < len(xs) else None

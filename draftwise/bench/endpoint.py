@@ -92,17 +92,31 @@ def iter_sse(resp):
         yield "\n".join(data)
 
 
+def _token_logprobs(lp: dict | None) -> list[tuple[str, list[float]]]:
+    """(token text, its top logprobs, largest first) per token of an OpenAI logprobs object:
+    chat's `content` list or completions' parallel lists."""
+    if not lp:
+        return []
+    if "content" in lp:
+        return [(e["token"], sorted((t["logprob"] for t in e.get("top_logprobs") or []), reverse=True))
+                for e in lp["content"] or []]
+    tops = lp.get("top_logprobs") or [None] * len(lp.get("tokens") or [])
+    return [(t, sorted((top or {}).values(), reverse=True)) for t, top in zip(lp.get("tokens") or [], tops)]
+
+
 class EndpointTarget:
     """One server, one configuration. Groups run truly concurrently, so rows are not sequential."""
 
     sequential = False
 
     def __init__(self, url: str, model: str | None = None, api: str = "tokens", metrics: bool = True,
-                 timeout_s: float = 600.0):
+                 timeout_s: float = 600.0, logprobs: bool = False):
+        """logprobs: ask for each token's top-2 logprobs (OpenAI's `logprobs`), so the output check
+        can compare token by token and give the top-2 margin at a divergence."""
         u = urlsplit(url.rstrip("/"))
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"endpoint {url!r} is not an http(s) URL")
-        self.url, self.api, self.metrics, self.timeout_s = url, api, metrics, timeout_s
+        self.url, self.api, self.metrics, self.timeout_s, self.logprobs = url, api, metrics, timeout_s, logprobs
         self._https, self._host, self._port = u.scheme == "https", u.hostname, u.port
         self._root = u.path.removesuffix("/v1")  # /metrics sits at the server root, beside /v1
         self.model = model or self._first_model()
@@ -147,7 +161,10 @@ class EndpointTarget:
             b["top_k"] = kw["top_k"]  # an extension (vLLM, SGLang, llama-server), not OpenAI's
         if kw.get("seed") is not None:
             b["seed"] = kw["seed"]
-        if self.api == "chat" and prompt.messages is not None:
+        chat = self.api == "chat" and prompt.messages is not None
+        if self.logprobs:
+            b.update({"logprobs": True, "top_logprobs": 2} if chat else {"logprobs": 2})
+        if chat:
             msgs = list(prompt.messages)
             if prompt.assistant_prefix:  # vLLM's way to open the assistant turn
                 msgs.append({"role": "assistant", "content": prompt.assistant_prefix})
@@ -159,6 +176,7 @@ class EndpointTarget:
         path, body = self.body(prompt, ids, kw)
         conn = self._conn()
         t_chunks, parts, usage, finish = [], [], None, None
+        tokens, margins = [], []
         t0 = time.perf_counter()
         try:
             conn.request("POST", self._root + path, json.dumps(body),
@@ -176,6 +194,9 @@ class EndpointTarget:
                 for c in obj.get("choices") or []:
                     text = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
                     finish = c.get("finish_reason") or finish
+                    for tok, top in _token_logprobs(c.get("logprobs")):
+                        tokens.append(tok)
+                        margins.append(top[0] - top[1] if len(top) >= 2 else None)
                     if text:
                         t_chunks.append(now)
                         parts.append(text)
@@ -187,7 +208,8 @@ class EndpointTarget:
         return {"_t0": t0, **timing_fields(t_chunks, end), "text": "".join(parts), "finish_reason": finish,
                 "emitted_tokens": usage["completion_tokens"] if counted else len(t_chunks),
                 "tokens_from": "usage" if counted else "chunks",
-                "prompt_tokens": (usage or {}).get("prompt_tokens") or len(ids), "token_ids": None, "stats": None}
+                "prompt_tokens": (usage or {}).get("prompt_tokens") or len(ids), "token_ids": None, "stats": None,
+                **({"tokens": tokens, "margins": margins} if self.logprobs and tokens else {})}
 
     def run_group(self, requests: list[tuple[Prompt, list[int], dict]]) -> tuple[list[dict], dict | None]:
         """All requests of the group at once; the counters are read before and after the group."""

@@ -16,7 +16,8 @@ def build_targets(cfg: BenchConfig, engines: dict[str, Engine] | None = None, to
         from draftwise.models.registry import resolve
 
         tok = tokenizer or load_tokenizer(resolve(cfg.target))
-        return {name: EndpointTarget(url, cfg.endpoint_model, cfg.endpoint_api, cfg.metrics)
+        return {name: EndpointTarget(url, cfg.endpoint_model, cfg.endpoint_api, cfg.metrics,
+                                     logprobs=cfg.margins and cfg.temperature == 0)
                 for name, url in cfg.endpoints.items()}, tok
     if engines is None:
         engines = build_engines(cfg)

@@ -35,6 +35,24 @@ class ModelDrafter:
     def propose(self, seq_key: int, context: list[int], num_tokens: int,
                 params: SamplingParams, generator: torch.Generator | None,
                 min_confidence: Sequence[float] = ()) -> Proposal:
+        return self.propose_many([(seq_key, context, num_tokens, params, generator, min_confidence)])[0]
+
+    def propose_many(self, items: list[tuple]) -> list[Proposal]:
+        """propose() for several sequences in lockstep, each item (seq_key, context, num_tokens,
+        params, generator[, min_confidence]): one draft forward per step carries every sequence
+        still drafting (the catch-ups of all of them in the first), as the server's batch needs."""
+        runs = [_Run(self._reconcile(it[0], it[1]), *it) for it in items]
+        live = [r for r in runs if r.n > 0]
+        while live:
+            logits = self.runner.forward([r.st.seq for r in live], [r.feed for r in live], [1] * len(live))
+            for r, row in zip(live, logits):  # row: [1, V]
+                r.st.fed.extend(r.feed)
+                r.step(row)
+            live = [r for r in live if not r.done]
+        return [r.proposal() for r in runs]
+
+    def _reconcile(self, seq_key: int, context: list[int]) -> _DraftSeq:
+        """Roll the draft KV back to the longest prefix it shares with the context."""
         st = self._seqs.get(seq_key)
         if st is None:
             st = self._seqs[seq_key] = _DraftSeq(self.runner.new_sequence())
@@ -43,28 +61,7 @@ class ModelDrafter:
         if keep < len(st.fed):
             self.runner.truncate(st.seq, keep)
             del st.fed[keep:]
-        feed = context[keep:]
-        tokens: list[int] = []
-        probs: list[torch.Tensor] = []
-        confs: list[float] = []
-        for i in range(num_tokens):
-            logits = self.runner.forward([st.seq], [feed], [1])[0]  # [1, V]
-            st.fed.extend(feed)
-            if params.greedy:
-                tok = int(logits[0].argmax())
-                conf = _top_prob(logits[0]) if min_confidence else 1.0  # its own p of its token
-            else:
-                q = warp(logits, params)  # [1, V]
-                tok = sample(q[0], generator)
-                conf = float(q[0, tok])
-            if i >= 1 and i - 1 < len(min_confidence) and conf < min_confidence[i - 1]:
-                break  # early stop: this token's expected gain does not pay for verifying it
-            if not params.greedy:
-                probs.append(q)
-            tokens.append(tok)
-            confs.append(conf)
-            feed = [tok]
-        return Proposal(tokens, torch.cat(probs) if probs else None, confs if min_confidence or probs else None)
+        return st
 
     def pending(self, seq_key: int, context: list[int]) -> int:
         st = self._seqs.get(seq_key)
@@ -74,6 +71,42 @@ class ModelDrafter:
         st = self._seqs.pop(seq_key, None)
         if st is not None:
             self.runner.free(st.seq)
+
+
+class _Run:
+    """One sequence's drafting within propose_many."""
+
+    def __init__(self, st: _DraftSeq, key: int, context: list[int], n: int, params: SamplingParams,
+                 generator: torch.Generator | None, min_confidence: Sequence[float] = ()):
+        self.st, self.n, self.params, self.gen, self.min_conf = st, n, params, generator, min_confidence
+        self.feed = context[len(st.fed):]  # the tokens the draft has not seen
+        self.tokens: list[int] = []
+        self.probs: list[torch.Tensor] = []
+        self.confs: list[float] = []
+        self.done = n <= 0
+
+    def step(self, logits: torch.Tensor) -> None:  # logits: [1, V]
+        i = len(self.tokens)
+        if self.params.greedy:
+            tok = int(logits[0].argmax())
+            conf = _top_prob(logits[0]) if self.min_conf else 1.0  # its own p of its token
+        else:
+            q = warp(logits, self.params)  # [1, V]
+            tok = sample(q[0], self.gen)
+            conf = float(q[0, tok])
+        if i >= 1 and i - 1 < len(self.min_conf) and conf < self.min_conf[i - 1]:
+            self.done = True  # early stop: this token's expected gain does not pay for verifying it
+            return
+        if not self.params.greedy:
+            self.probs.append(q)
+        self.tokens.append(tok)
+        self.confs.append(conf)
+        self.feed = [tok]
+        self.done = len(self.tokens) >= self.n
+
+    def proposal(self) -> Proposal:
+        return Proposal(self.tokens, torch.cat(self.probs) if self.probs else None,
+                        self.confs if self.min_conf or self.probs else None)
 
 
 def _top_prob(row: torch.Tensor) -> float:

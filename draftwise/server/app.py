@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from draftwise.sampling import SamplingParams
 from draftwise.scheduler import QueueFull, Request, Scheduler
@@ -93,11 +94,14 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, metrics: Server
             max_tokens = max(1, scheduler.target.max_context - len(ids) - scheduler.num_draft_tokens)
         try:
             params = SamplingParams(body.temperature, body.top_p, body.top_k, body.seed)
+            logprobs = body.logprobs_k()
         except ValueError as e:
             raise ApiError(400, str(e)) from None
+        if logprobs is not None:
+            fmt.piece = lambda t: tokenizer.decode([t])
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         req = Request(ids, max_tokens, params, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
-                      body.stop_list(), body.draft_tokens())
+                      body.stop_list(), body.draft_tokens(), logprobs=logprobs)
         try:
             scheduler.submit(req)
         except QueueFull as e:
@@ -106,7 +110,10 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, metrics: Server
             raise ApiError(400, str(e)) from None
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(_stream(req, events, fmt, usage, http), media_type="text/event-stream")
+            # the background task runs when the stream ends or the client leaves, even before the
+            # generator's first step (where its own `finally` would not run)
+            return StreamingResponse(_stream(req, events, fmt, usage, http), media_type="text/event-stream",
+                                     background=BackgroundTask(req.cancel))
         try:
             while True:
                 ev = await _next(events, http)

@@ -4,9 +4,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from draftwise.engine import Chunk, GenerationResult
+from draftwise.engine import Chunk, GenerationResult, TokenLogprobs
 
 
 def sse(obj) -> str:
@@ -19,8 +20,27 @@ class Formatter:
     model: str
     chat: bool
     return_token_ids: bool = False
+    piece: Callable[[int], str] | None = None  # token id -> its text; set when logprobs were asked for
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
+    _offset: int = 0  # completions' text_offset, running over a stream
+
+    def _logprobs(self, lps: list[TokenLogprobs] | None, token_ids: list[int] | None) -> dict | None:
+        """OpenAI's logprobs object: chat's `content` list, or completions' parallel lists."""
+        if self.piece is None or lps is None or token_ids is None:
+            return None
+        toks = [self.piece(t) for t in token_ids]
+        if self.chat:
+            def entry(tok: str, lp: float) -> dict:
+                return {"token": tok, "logprob": lp, "bytes": list(tok.encode("utf-8"))}
+            return {"content": [entry(t, x.logprob) | {"top_logprobs": [entry(self.piece(i), v) for i, v in x.top]}
+                                for t, x in zip(toks, lps)], "refusal": None}
+        offsets = []
+        for t in toks:
+            offsets.append(self._offset)
+            self._offset += len(t)
+        return {"tokens": toks, "token_logprobs": [x.logprob for x in lps],
+                "top_logprobs": [{self.piece(i): v for i, v in x.top} for x in lps], "text_offset": offsets}
 
     def _envelope(self, choices: list[dict], stream: bool) -> dict:
         obj = "chat.completion" + (".chunk" if stream else "") if self.chat else "text_completion"
@@ -28,15 +48,16 @@ class Formatter:
                 "created": self.created, "model": self.model, "choices": choices}
 
     def _choice(self, text: str, finish: str | None, token_ids: list[int] | None, stream: bool,
-                first: bool = False) -> dict:
+                first: bool = False, lps: list[TokenLogprobs] | None = None) -> dict:
         c: dict = {"index": 0}
+        logprobs = self._logprobs(lps, token_ids)
         if not self.chat:
-            c.update(text=text, logprobs=None)
+            c.update(text=text, logprobs=logprobs)
         elif stream:
             c["delta"] = ({"role": "assistant"} if first else {}) | ({"content": text} if text or first else {})
-            c["logprobs"] = None
+            c["logprobs"] = logprobs
         else:
-            c.update(message={"role": "assistant", "content": text}, logprobs=None)
+            c.update(message={"role": "assistant", "content": text}, logprobs=logprobs)
         c["finish_reason"] = finish
         if self.return_token_ids and token_ids is not None:
             c["token_ids"] = token_ids
@@ -49,7 +70,8 @@ class Formatter:
                 "total_tokens": result.prompt_tokens + n}
 
     def whole(self, result: GenerationResult) -> dict:
-        body = self._envelope([self._choice(result.text, result.finish_reason, result.token_ids, False)], False)
+        body = self._envelope([self._choice(result.text, result.finish_reason, result.token_ids, False,
+                                            lps=result.logprobs)], False)
         body["usage"] = self.usage(result)
         body["draftwise"] = {"stats": result.stats.to_dict(), "ttft_s": result.ttft_s}
         return body
@@ -59,9 +81,9 @@ class Formatter:
         return sse(self._envelope([self._choice("", None, None, True, first=True)], True)) if self.chat else None
 
     def chunk(self, ch: Chunk) -> str | None:
-        if not ch.text and not ch.finish_reason and not (self.return_token_ids and ch.token_ids):
+        if not ch.text and not ch.finish_reason and not ((self.return_token_ids or self.piece) and ch.token_ids):
             return None  # nothing to say yet (a split character held back)
-        return sse(self._envelope([self._choice(ch.text, ch.finish_reason, ch.token_ids, True)], True))
+        return sse(self._envelope([self._choice(ch.text, ch.finish_reason, ch.token_ids, True, lps=ch.logprobs)], True))
 
     def usage_chunk(self, result: GenerationResult) -> str:
         body = self._envelope([], True)

@@ -1,7 +1,9 @@
 """OpenAI request bodies (the fields served, the ones refused) and the error object.
 
 Parameters OpenAI defines but draftwise does not implement are accepted only at their neutral
-value (n=1, no logprobs, no echo, zero penalties, ...); anything else is a 400 that names them.
+value (n=1, no echo, zero penalties, ...); anything else is a 400 that names them. `logprobs`
+(completions: 0–20 alternatives; chat: `logprobs` + `top_logprobs` 0–20) are the target's raw
+log-probabilities of each emitted token.
 draftwise's extensions: `top_k`, `speculation` (false: plain decoding for this request),
 `num_draft_tokens` (fix D for this request) and `return_token_ids` (token ids in each choice).
 """
@@ -12,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Float = Annotated[float, Field(allow_inf_nan=False)]
+MAX_LOGPROBS = 20  # as vLLM's default max_logprobs
 
 
 class StreamOptions(BaseModel):
@@ -56,19 +59,23 @@ class _Common(BaseModel):
     def draft_tokens(self) -> int | None:
         return 0 if not self.speculation else self.num_draft_tokens
 
+    def logprobs_k(self) -> int | None:
+        """None: no logprobs; k: each token's logprob and its top k alternatives."""
+        return self.logprobs
+
 
 class CompletionRequest(_Common):
     prompt: str | list[Annotated[int, Field(ge=0)]] | list[str] | list[list[int]]
     max_tokens: Annotated[int, Field(ge=1)] | None = 16  # OpenAI's default for completions
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     best_of: int | None = None
     suffix: str | None = None
 
     def _unsupported(self) -> list[str]:
         batched = isinstance(self.prompt, list) and bool(self.prompt) and not isinstance(self.prompt[0], int)
         return [k for k, v in (("prompt (a list of prompts)", batched), ("echo", self.echo),
-                               ("logprobs", self.logprobs is not None), ("best_of", self.best_of not in (None, 1)),
+                               ("best_of", self.best_of not in (None, 1)),
                                ("suffix", bool(self.suffix))) if v]
 
 
@@ -91,7 +98,7 @@ class ChatCompletionRequest(_Common):
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     tools: list[dict] | None = None
     response_format: dict | None = None
     add_generation_prompt: bool = True  # vLLM's extensions, sent by `draftwise bench --endpoint-api chat`
@@ -99,8 +106,12 @@ class ChatCompletionRequest(_Common):
 
     def _unsupported(self) -> list[str]:
         fmt = self.response_format and self.response_format.get("type") not in (None, "text")
-        return [k for k, v in (("logprobs", self.logprobs), ("top_logprobs", self.top_logprobs is not None),
-                               ("tools", bool(self.tools)), ("response_format", bool(fmt))) if v]
+        return [k for k, v in (("tools", bool(self.tools)), ("response_format", bool(fmt))) if v]
+
+    def logprobs_k(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def chat(self) -> tuple[list[dict], str]:
         """(messages for the chat template, text that opens the assistant turn)."""
