@@ -52,6 +52,7 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         sorted_p, order = torch.sort(probs, dim=-1, descending=True)
         # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
         drop = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p
+        drop[..., 0] = False  # also when top_p rounds to 0 in float32 (a denormal top_p)
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
         probs = probs / probs.sum(-1, keepdim=True)

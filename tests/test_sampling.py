@@ -43,3 +43,12 @@ def test_tiny_temperature_is_greedy_not_nan():
     assert not SamplingParams(1e-4).greedy
     logits = torch.tensor([[1.0, 3.0, 2.0]])
     assert torch.isfinite(torch.softmax(logits / 1e-4, -1)).all()  # the smallest sampled T is finite
+
+
+@pytest.mark.parametrize("top_p", [5e-324, 1e-45, 1e-9])
+def test_tiny_top_p_keeps_the_top_token(top_p):
+    """A top_p that rounds to 0 in float32 (schemathesis sent 5e-324) still keeps the most likely
+    token instead of dropping everything (which made the probabilities NaN)."""
+    logits = torch.log(torch.tensor([[0.2, 0.5, 0.3], [0.6, 0.1, 0.3]]))
+    p = warp(logits, SamplingParams(temperature=1.0, top_p=top_p))
+    assert torch.equal(p, torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
