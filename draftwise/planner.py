@@ -234,7 +234,8 @@ class Planner:
                 later = any(req.plans)
                 r_probe = expected_tokens(up, best_d) / t_probe
                 if (r_probe > r_plain * (1 + self.margin)) if later else \
-                        self._catch_up_pays(req, behind, r_plain, r_up) and self._workload_may_pay(d_max, n_seqs, r_plain):
+                        self._catch_up_pays(req, behind, r_plain, r_up) and \
+                        self._workload_may_pay(req, behind, d_max, n_seqs, r_plain):
                     return Plan(best_d, best_r, r_plain, tokens=expected_tokens(alpha, best_d), probe=True)
             return Plan(0, r_plain, r_plain)
         if best_d == 0:
@@ -273,10 +274,13 @@ class Planner:
             return 0, r_plain
         return best_d, best_r
 
-    def _workload_may_pay(self, d_max: int, n_seqs: int, r_plain: float) -> bool:
-        """Would any D pay at the optimistic bound of the recent requests' acceptance? Wide (yes)
-        until the workload has been seen; no once many requests measured a drafter that does not pay."""
-        return self._best(self.workload.upper(), d_max, n_seqs, r_plain)[0] > 0
+    def _workload_may_pay(self, req: RequestPlan, behind: int, d_max: int, n_seqs: int, r_plain: float) -> bool:
+        """Would drafting pay at the optimistic bound of the recent requests' acceptance, catch-up
+        included over the rest of this request? Wide (yes) until the workload has been seen; no
+        once many requests measured a drafter that does not pay, or pays too little to win back
+        feeding it this request's prompt."""
+        d_w, r_w = self._best(self.workload.upper(), d_max, n_seqs, r_plain)
+        return d_w > 0 and self._catch_up_pays(req, behind, r_plain, r_w)
 
     def _catch_up_pays(self, req: RequestPlan, behind: int, r_plain: float, r_spec: float) -> bool:
         """A draft model that fell behind catches up once; worth it if the rest of the request,

@@ -225,6 +225,15 @@ def test_first_probe_skipped_once_the_workload_shows_the_draft_does_not_pay():
     r_plain = 1 / pl.verify(1)
     assert pl._best(req.acceptance.upper(), 16, 1, r_plain)[0] > 0  # its own optimism alone would probe
     assert pl.plan(req).d == 0
+    # acceptance ~1/3: the workload's optimistic bound pays only a little, so a long prompt's
+    # catch-up is not won back over a short request (no first probe), but is over a long one
+    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0))
+    for i in range(40):
+        r = pl.new_request(10_000)
+        pl.commit(r, pl.plan(r), 2, int(i % 3 == 0), 1)
+    assert pl.plan(pl.new_request(10_000), behind=1).probe
+    assert pl.plan(pl.new_request(3000), behind=2000).d == 0  # its own optimism would: 1.7 ms saved a token
+    assert pl.plan(pl.new_request(100_000), behind=2000).probe
     # the same history with every draft accepted keeps drafting for new requests
     pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0))
     for _ in range(40):
