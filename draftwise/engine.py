@@ -47,9 +47,7 @@ class TokenLogprobs:
         """logits [n, V] (row i: the distribution token i was drawn from), tokens [n]."""
         lp = torch.log_softmax(logits.float(), dim=-1)  # [n, V]
         chosen = lp.gather(1, torch.tensor(tokens).view(-1, 1))[:, 0].tolist()  # [n]
-        if k <= 0:
-            return [TokenLogprobs(c, []) for c in chosen]
-        vals, ids = lp.topk(k, dim=-1)  # [n, k]
+        vals, ids = lp.topk(k, dim=-1)  # [n, k]; k = 0: no alternatives
         return [TokenLogprobs(c, list(zip(i, v))) for c, i, v in zip(chosen, ids.tolist(), vals.tolist())]
 
 

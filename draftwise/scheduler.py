@@ -278,8 +278,8 @@ class Scheduler:
             for st, _ in todo:
                 st.stats.draft_s += dt
             self.observer.phase("draft", dt)
-            by_key = {st.key: p for (st, _), p in zip(todo, got)}
-            return [by_key[st.key] if d > 0 else _NO_DRAFT for st, d in zip(batch, ds)]
+            drafts = iter(got)  # in batch order, one per d > 0
+            return [next(drafts) if d > 0 else _NO_DRAFT for d in ds]
         props = []
         for st, d in zip(batch, ds):
             t = time.perf_counter()
@@ -307,7 +307,8 @@ class Scheduler:
         chunk = Chunk(kept, delta, now, st.out.finish_reason)
         if logprobs is not None:
             chunk.logprobs = logprobs[: len(kept)]
-            st.logprobs = (st.logprobs or []) + chunk.logprobs
+            st.logprobs = (st.logprobs or [])
+            st.logprobs.extend(chunk.logprobs)
         if st.out.finish_reason is not None:
             s.wall_s = now
             s.other_s = s.wall_s - s.prefill_s - s.draft_s - s.verify_s
