@@ -264,7 +264,7 @@ class Engine:
         plan.behind = behind
         if plan.d == 0:
             return _NO_DRAFT, plan, None
-        return self.drafter.propose(key, ctx, plan.d, params, gen, plan.min_confidence), plan, None
+        return self.drafter.propose(key, ctx, plan.d, params, gen, plan.stop), plan, None
 
     def _learn(self, req, plan: Plan, prop: Proposal, res: VerifyResult, shadow: int | None,
                logits: torch.Tensor, params: SamplingParams, stats: SpecStats,
@@ -273,13 +273,14 @@ class Engine:
         k, t_fwd, t_draft, t_round = times
         stats.predicted_s += plan.tokens / plan.rate
         stats.predicted_plain_s += plan.tokens / plan.plain_rate
-        self.planner.commit(req, plan, len(prop.tokens), res.num_accepted, len(res.tokens), prop.confidence)
+        self.planner.commit(req, plan, len(prop.tokens), res.num_accepted, len(res.tokens), prop.confidence,
+                            prop.stop_confidence)
         if shadow is not None:  # P(accept) of the unverified token: p(x) at the plain step's position
             p = 1.0 if params.greedy and int(logits[0].argmax()) == shadow else 0.0
             if not params.greedy:
                 p = float(warp(logits[:1], params)[0, shadow])
             self.planner.shadow(req, p)
-        self.planner.observe_times(k, 1, t_fwd, len(prop.tokens), plan.behind, t_draft,
+        self.planner.observe_times(k, 1, t_fwd, prop.forwards or len(prop.tokens), plan.behind, t_draft,
                                    t_round - t_fwd - t_draft)
 
     def _verify(self, logits: torch.Tensor, prop: Proposal, params: SamplingParams, gen) -> VerifyResult:

@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from draftwise.drafters.base import StopRule
 from draftwise.profile import ProfileResult
 
 EMA = 0.1  # weight of one new timing observation in the online estimates
+DRIFT = 0.005  # per observation elsewhere on the curve, how far an unobserved point returns to the whole
 
 
 class CostCurve:
@@ -40,7 +42,8 @@ class CostCurve:
         self._b = sorted(ms)
         self._s = {b: np.asarray(ms[b], dtype=np.float64) / 1e3 for b in self._b}
         self.prefill = None if prefill is None else (int(prefill[0]), prefill[1] / 1e3)
-        self.scale = 1.0  # online correction: measured / predicted, as an EMA
+        self.scale = 1.0  # online correction of the whole curve: measured / predicted, as an EMA
+        self._k_scale: dict[tuple[int, int], float] = {}  # the same per (k, b) observed: the shape too
 
     @classmethod
     def from_profile(cls, prof: ProfileResult) -> CostCurve:
@@ -84,11 +87,20 @@ class CostCurve:
         return max(t_lo + (t_hi - t_lo) * (b - lo) / (hi - lo), 1e-9)
 
     def __call__(self, k: int, b: int = 1) -> float:
-        return self.raw(k, b) * self.scale
+        return self.raw(k, b) * self._k_scale.get((k, b), self.scale)
 
     def observe(self, k: int, b: int, seconds: float) -> None:
+        """One measured forward: moves the whole curve, and the point (k, b) on its own (the
+        profile's shape can be off in a running engine: on torch, with a draft model interleaved,
+        k = 4..11 ran ~1.4x its profile while k = 2 ran ~1.1x)."""
         ratio = seconds / self.raw(k, b)
-        self.scale += EMA * (min(max(ratio, 0.2), 5.0) - self.scale)
+        self.scale += EMA * (min(max(ratio, self.scale / 2), 2 * self.scale) - self.scale)
+        key = (k, b)
+        s = self._k_scale.get(key, self.scale)  # one stall moves a point by at most EMA x its value:
+        self._k_scale[key] = s + EMA * (min(max(ratio, s / 2), 2 * s) - s)
+        for other, t in self._k_scale.items():  # and points no longer observed drift back to the
+            if other != key:  # whole curve, so a point the planner stopped using cannot stay stale
+                self._k_scale[other] = t + DRIFT * (self.scale - t)
 
 
 class Acceptance:
@@ -114,13 +126,19 @@ class Acceptance:
             out[i] = prev = (self.strength * m + self.acc[i]) / (self.strength + self.seen[i])
         return out
 
-    def observe(self, proposed: int, accepted: int) -> None:
-        """One round: positions 1..accepted accepted, position accepted+1 rejected (if proposed)."""
+    def observe(self, proposed: int, accepted: int, after: float | None = None) -> None:
+        """One round: positions 1..accepted accepted, position accepted+1 rejected (if proposed).
+        `after`: when every proposed token was accepted but the drafter stopped early, the
+        probability the token it dropped would have been accepted (a partial observation of the
+        next position, as a shadow: else a draft that keeps stopping early looks always right)."""
         self.acc *= self.forget
         self.seen *= self.forget
         reached = min(accepted + 1, proposed, len(self.prior))
         self.seen[:reached] += 1
         self.acc[:min(accepted, len(self.prior))] += 1
+        if after is not None and accepted == proposed < len(self.prior):
+            self.seen[proposed] += 1
+            self.acc[proposed] += after
 
     def observe_first(self, p_accept: float) -> None:
         """A shadow observation of position 1 only (a free drafter's proposal, not verified): the
@@ -153,7 +171,7 @@ class Plan:
     d: int  # draft tokens to propose this round (0 = plain step)
     rate: float  # predicted tokens per second of the chosen D
     plain_rate: float  # predicted tokens per second of a plain step
-    min_confidence: list[float] = field(default_factory=list)  # early stop: see Planner.plan
+    stop: StopRule | None = None  # early stop inside the draft: see Planner._stop_rule
     behind: int = 1  # tokens the draft model catches up on before drafting
     probe: bool = False  # a short draft to measure acceptance (the estimate alone says D = 0)
     tokens: float = 1.0  # expected tokens emitted by this round, E[N](d)
@@ -208,11 +226,7 @@ class Planner:
         """D for this round. `available` caps D (a cheap drafter's proposal length, or the room
         left); `behind` is how many tokens a draft model must catch up on first.
 
-        min_confidence[i]: a draft model stops before proposing token i+2 when its own probability
-        for that token is below it: the token's expected gain (reaching it, prod alpha_1..i+1,
-        times its acceptance, estimated by that probability times the measured calibration of
-        the draft's probabilities) would not pay for its marginal cost (one more draft forward and
-        one more verified position) at the rate this plan expects. A probe's round time counts
+        A draft model also gets an early-stop rule (_stop_rule). A probe's round time counts
         the catch-up it pays; a plan that keeps speculating pays it once (_catch_up_pays)."""
         d_max = min(self.max_draft, req.remaining - 1)
         if available is not None:
@@ -247,18 +261,28 @@ class Planner:
             if d_up > best_d:
                 best_d += 1
                 best_r = expected_tokens(alpha, best_d) / self._round_s(best_d, n_seqs)
-        conf = []
-        tokens = expected_tokens(alpha, best_d)
-        if self.draft is not None:
-            reach = np.cumprod(alpha)  # [max_draft] P(tokens 1..i accepted)
-            for i in range(1, best_d):  # before proposing token i+1, having drafted i
-                # the rest of the plan (tokens i+1..d*) against stopping at i: its extra cost, and its
-                # expected extra tokens per unit of token i+1's acceptance (the curve is not convex:
-                # past k = 9 a verified token is nearly free on llama.cpp, so judge the rest as a whole)
-                rest = (best_d - i) * self.draft(1) + self.verify(best_d + 1, n_seqs) - self.verify(i + 1, n_seqs)
-                tail = 1.0 + float(np.cumprod(alpha[i + 1:best_d]).sum())
-                conf.append(best_r * max(rest, 0.0) / (reach[i - 1] * tail * self.calibration))
-        return Plan(best_d, best_r, r_plain, conf, tokens=tokens)
+        stop = None if self.draft is None else self._stop_rule(alpha, best_d, best_r, n_seqs)
+        return Plan(best_d, best_r, r_plain, stop, tokens=expected_tokens(alpha, best_d))
+
+    def _stop_rule(self, alpha: np.ndarray, d: int, rate: float, n_seqs: int) -> StopRule:
+        """Bars on the draft's own probability c_j of each token j it drafts. Token j is accepted
+        with probability ~ c_j x calibration once tokens 1..j-1 are (reach_{j-1} = prod alpha_1..j-1),
+        and its forward is already paid when c_j is read, so, at the rate this plan expects:
+        - keep token j iff reach_{j-1} c_j cal >= rate (T_verify(j+1) - T_verify(j)): its expected
+          gain pays for one more verified position;
+        - draft on iff reach_{j-1} c_j cal tail_j >= rate (draft forwards j+1..d + T_verify(d+1) -
+          T_verify(j+1)), tail_j = sum_{i=j+1..d} prod_{l=j+1..i} alpha_l: the rest of the plan as a
+          whole (the curve is not convex: past k = 9 a verified token is nearly free on llama.cpp)."""
+        cal = self.calibration
+        reach = np.concatenate([[1.0], np.cumprod(alpha[:d])])  # [d+1] reach[j] = P(tokens 1..j accepted)
+        v = [self.verify(k, n_seqs) for k in range(1, d + 2)]  # v[k-1] = T_verify(k)
+        keep = [rate * max(v[j] - v[j - 1], 0.0) / (reach[j - 1] * cal) for j in range(1, d + 1)]
+        go_on = []
+        for j in range(1, d):
+            cost = (d - j) * self.draft(1) + v[d] - v[j]
+            tail = float(np.cumprod(alpha[j:d]).sum())
+            go_on.append(rate * max(cost, 0.0) / (reach[j - 1] * cal * tail))
+        return StopRule(keep, go_on)
 
     def _round_s(self, d: int, n_seqs: int) -> float:
         return self.draft_cost(d) + self.verify(d + 1, n_seqs) + self.overhead_s
@@ -296,9 +320,11 @@ class Planner:
         return min(max(self._conf[0] / self._conf[1], 0.5), 2.0)
 
     def commit(self, req: RequestPlan, plan: Plan, proposed: int, accepted: int, emitted: int,
-               confidence: list[float] | None = None) -> None:
+               confidence: list[float] | None = None, stop_confidence: float | None = None) -> None:
         """After a round (or plain step): update the request's and the workload's acceptance, and
-        the calibration of the draft's probabilities (over the positions the target reached)."""
+        the calibration of the draft's probabilities (over the positions the target reached).
+        `stop_confidence`: after an early stop, the draft's own probability of the token it dropped,
+        or of the last token it kept (a proxy for the next one, which it did not draft)."""
         if confidence:
             reached = min(accepted + 1, proposed, len(confidence))
             self._conf[0] = 0.99 * self._conf[0] + min(accepted, reached)
@@ -309,9 +335,13 @@ class Planner:
             req.next_probe, req.probe_gap = len(req.plans) + req.probe_gap, 2 * req.probe_gap
         elif plan.d > 0:
             req.probe_gap = 2
+        after = None if stop_confidence is None else min(stop_confidence * self.calibration, 1.0)
         if proposed > 0:
-            req.acceptance.observe(proposed, accepted)
-            self.workload.observe(proposed, accepted)
+            req.acceptance.observe(proposed, accepted, after)
+            self.workload.observe(proposed, accepted, after)
+        elif after is not None:  # the draft dropped its first token: a shadow of position 1
+            req.acceptance.observe_first(after)
+            self.workload.observe_first(after)
         else:
             req.acceptance.relax()
 
@@ -323,8 +353,9 @@ class Planner:
 
     def observe_times(self, k: int, n_seqs: int, forward_s: float, d: int, behind: int, draft_s: float,
                       overhead_s: float) -> None:
-        """Measured seconds of a round: the target forward of k tokens per sequence, drafting d
-        tokens (`behind` of them caught up first), and the rest of the round."""
+        """Measured seconds of a round: the target forward of k tokens per sequence, d draft
+        forwards (the first catching up on `behind` tokens; d counts the forward of a token an
+        early stop dropped, else its time would inflate the draft curve), and the rest of the round."""
         if not self.online:
             return
         self.verify.observe(k, n_seqs, forward_s)

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from draftwise.drafters.base import StopRule
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
@@ -80,6 +81,10 @@ def test_acceptance_counts_reached_positions_only():
     assert a.tolist() == pytest.approx([2 / 3, 5 / 12, 0.4375, 0.453125])
     acc.observe(proposed=2, accepted=2)  # all accepted: nothing rejected
     assert acc.seen.tolist() == [2, 2, 0, 0] and acc.acc.tolist() == [2, 1, 0, 0]
+    acc.observe(proposed=1, accepted=1, after=0.25)  # the drafter stopped before token 2 (p 0.25)
+    assert acc.seen.tolist() == [3, 3, 0, 0] and acc.acc.tolist() == [3, 1.25, 0, 0]
+    acc.observe(proposed=2, accepted=0, after=0.9)  # token 1 rejected: the dropped token says nothing
+    assert acc.seen.tolist() == [4, 3, 0, 0] and acc.acc.tolist() == [3, 1.25, 0, 0]
 
 
 def test_online_update_rescales_curve_and_tracks_overhead():
@@ -90,6 +95,15 @@ def test_online_update_rescales_curve_and_tracks_overhead():
     assert pl.verify(5) == pytest.approx(2 * before, rel=1e-3)
     assert pl.verify(1) == pytest.approx(2 * pl.verify.raw(1), rel=1e-3)  # the whole curve follows
     assert pl.overhead_s == pytest.approx(0.003, rel=1e-3) and pl.draft_call_s == pytest.approx(0.002, rel=1e-3)
+    for _ in range(200):  # then k = 2 runs at its profile while k = 5 stays at twice it
+        pl.observe_times(2, 1, pl.verify.raw(2), d=1, behind=1, draft_s=0.002, overhead_s=0.003)
+        pl.observe_times(5, 1, 2 * pl.verify.raw(5), d=4, behind=1, draft_s=0.002, overhead_s=0.003)
+    # each k observed keeps its own (within the slight pull of the whole curve, 1.5x here)
+    assert pl.verify(2) == pytest.approx(pl.verify.raw(2), rel=0.03)
+    assert pl.verify(5) == pytest.approx(2 * pl.verify.raw(5), rel=0.03)
+    pl.observe_times(2, 1, 50 * pl.verify.raw(2), d=1, behind=1, draft_s=0.002, overhead_s=0.003)
+    assert pl.verify(2) < 1.15 * pl.verify.raw(2)  # one stall (50x) moves a point by 10% at most
+    assert 1.3 < pl.verify(9) / pl.verify.raw(9) < 1.7  # a k never observed follows the whole curve
     frozen = planner(per_token_ms=1.0, prior=0.6, online=False)
     frozen.observe_times(5, 1, 1.0, d=4, behind=1, draft_s=1.0, overhead_s=1.0)
     assert frozen.verify(5) == frozen.verify.raw(5) and frozen.overhead_s == 0.0
@@ -103,35 +117,38 @@ def test_draft_model_catch_up_counts_against_remaining_output():
     assert pl.plan(pl.new_request(6), behind=200).d == 0  # 6 tokens left: cannot
 
 
-def test_early_stop_thresholds_weigh_the_rest_of_the_plan():
+def test_early_stop_bars_weigh_keeping_a_token_and_the_rest_of_the_plan():
     pl = planner(per_token_ms=2.0, prior=0.9, draft=curve(1.0, first_ms=1.0))
     p = pl.plan(pl.new_request(100))
-    assert p.d > 1 and len(p.min_confidence) == p.d - 1
-    # linear curves: the rest (d - i tokens) costs (d - i) * (draft step + verify step), and
-    # yields P(reach i) * q * (1 + alpha + alpha^2 + ...) tokens
+    assert p.d > 1 and len(p.stop.keep) == p.d and len(p.stop.go_on) == p.d - 1
+    # linear curves: token j's forward is paid when its probability c_j is read; keeping it costs
+    # one verify step (2 ms) for reach_{j-1} * c_j tokens; drafting on to d costs d - j draft
+    # steps (1 ms) and d - j verify steps for reach_{j-1} * c_j * (alpha + alpha^2 + ...) tokens
     alpha = pl.new_request(100).acceptance.alpha()
-    reach = np.cumprod(alpha)
-    for i in range(1, p.d):
-        tail = 1 + np.cumprod(alpha[i + 1:p.d]).sum()
-        want = p.rate * (p.d - i) * (0.001 + 0.002) / (reach[i - 1] * tail)
-        assert p.min_confidence[i - 1] == pytest.approx(want)
+    reach = np.concatenate([[1.0], np.cumprod(alpha)])
+    for j in range(1, p.d + 1):
+        assert p.stop.keep[j - 1] == pytest.approx(p.rate * 0.002 / reach[j - 1])
+    for j in range(1, p.d):
+        tail = np.cumprod(alpha[j:p.d]).sum()
+        want = p.rate * (p.d - j) * (0.001 + 0.002) / (reach[j - 1] * tail)
+        assert p.stop.go_on[j - 1] == pytest.approx(want)
     # a non-convex curve (flat past k = 9, as llama.cpp's): the bar at k = 5..8 counts the
     # nearly free tokens after it, so it is lower than the marginal cost alone would set
     ms = [100, 130, 160, 190, 225, 250, 280, 296, 290, 295, 300, 300, 305, 307, 313, 314, 429]
     flat = Planner(CostCurve({1: ms}), curve(0.5, first_ms=1.0), prior=0.98, max_draft=16)
     q = flat.plan(flat.new_request(100))
-    assert q.d >= 12 and max(q.min_confidence[4:8]) < 0.5
+    assert q.d >= 12 and max(q.stop.go_on[4:8]) < 0.5
 
 
 def test_draft_probabilities_calibrated_by_measured_acceptance():
     pl = planner(per_token_ms=2.0, prior=0.9, draft=curve(1.0, first_ms=1.0))
     req = pl.new_request(100_000)
-    before = pl.plan(req).min_confidence
+    before = pl.plan(req).stop.go_on
     for _ in range(200):  # the draft says 0.5 for tokens the target always accepts
         pl.commit(req, pl.plan(req), 4, 4, 5, [0.5] * 4)
     assert pl.calibration == pytest.approx(2.0, abs=0.01)  # measured 4 / (4 x 0.5)
     after = pl.plan(req)
-    assert after.min_confidence[0] < before[0]
+    assert after.stop.go_on[0] < before[0]
 
 
 def test_batch_sizes_interpolate_and_extrapolate():
@@ -179,11 +196,54 @@ def test_model_drafter_early_stop():
     dr = ModelDrafter(Unsure(sharp=2.0))
     params = SamplingParams(0.0)
     full = dr.propose(1, PROMPT, 6, params, None)
-    assert len(full.tokens) == 6
+    assert len(full.tokens) == 6 and (full.forwards, full.stop_confidence) == (6, None)
     conf = float(np.exp(2.0) / (np.exp(2.0) + np.exp(1.5) + 14))  # softmax of the top token, ~0.39
-    stopped = dr.propose(2, PROMPT, 6, params, None, min_confidence=[conf * 0.99, conf * 1.01])
-    assert stopped.tokens == full.tokens[:2]  # token 3's own probability fell below its bar
-    assert stopped.confidence == pytest.approx([conf, conf])
+    lo, hi = conf * 0.99, conf * 1.01
+    # token 3 falls below its bar to go on: kept, no forward for token 4
+    kept = dr.propose(2, PROMPT, 6, params, None, StopRule([lo] * 6, [lo, lo, hi, lo, lo]))
+    assert kept.tokens == full.tokens[:3] and kept.forwards == 3
+    assert kept.confidence == pytest.approx([conf] * 3) and kept.stop_confidence == pytest.approx(conf)
+    # token 3 falls below its bar to be kept: dropped (its forward was run) and drafting stops
+    dropped = dr.propose(3, PROMPT, 6, params, None, StopRule([lo, lo, hi, lo, lo, lo], [lo] * 5))
+    assert dropped.tokens == full.tokens[:2] and dropped.forwards == 3
+    assert dropped.stop_confidence == pytest.approx(conf)
+
+
+def test_early_stopped_round_charges_the_dropped_tokens_forward():
+    class StopAfterTwo(Planner):  # every plan stops the draft before its third token
+        def plan(self, req, n_seqs=1, available=None, behind=1):
+            p = super().plan(req, n_seqs, available, behind)
+            if p.d > 2:  # keep tokens 1, 2, drop token 3
+                p.stop = StopRule([0.0, 0.0] + [1.1] * (p.d - 2), [0.0] * (p.d - 1))
+            return p
+
+        def observe_times(self, k, n_seqs, forward_s, d, behind, draft_s, overhead_s):
+            seen.append(d)
+    seen = []
+    draft_runner = CycleRunner()
+    pl = StopAfterTwo(curve(1.0), curve(0.1, first_ms=0.1), prior=0.95, max_draft=8, online=False)
+    r = Engine(CycleRunner(), CharTokenizer(), ModelDrafter(draft_runner), "auto", planner=pl).generate(PROMPT, max_tokens=30)
+    proposed = [p for _, p, _ in r.rounds]
+    assert r.stats.verification_rounds > 5 and set(proposed[:-1]) == {2}  # the last is cut by max_tokens
+    # an early-stopped round ran 3 draft forwards (catch-up, then tokens 1 and 2 fed, the last one
+    # giving the dropped token 3) and is charged 3; the last round (1 token, no stop) is charged 1
+    assert [d for d in seen if d] == [3] * (len(proposed) - 1) + [proposed[-1]]
+    assert sum(seen) == len(draft_runner.forwards)
+
+
+def test_early_stops_shorten_the_plan():
+    # the draft is always right when it proposes, but stops after one token, unsure of the next
+    # (p 0.2): the plan must follow what the rounds deliver, not stay at a long D with E[N] ~ D
+    def run(report_stop):
+        pl = planner(per_token_ms=2.0, prior=0.9, draft=curve(1.0, first_ms=1.0))
+        req = pl.new_request(100_000)
+        for _ in range(30):
+            p = pl.plan(req)
+            pl.commit(req, p, 1, 1, 2, [0.9], 0.2 if report_stop else None)
+        return pl.plan(req)
+    blind, told = run(False), run(True)
+    assert blind.d >= 6 and blind.tokens > 5  # before: every round "fully accepted", E[N] stays high
+    assert told.d <= 2 and told.tokens < 2.5  # ~ what the rounds deliver: 2
 
 
 def test_auto_needs_a_planner_and_rejects_bad_d():

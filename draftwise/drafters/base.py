@@ -1,7 +1,6 @@
 """The drafter interface: propose up to n tokens that continue a context."""
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -15,6 +14,8 @@ class Proposal:
     tokens: list[int]  # [d] proposed tokens, d <= the number asked for (may be 0)
     probs: torch.Tensor | None = None  # [d, V] draft probabilities q after warping; None = one-hot
     confidence: list[float] | None = None  # [d] the drafter's own probability of each token, if known
+    forwards: int = 0  # draft-model forwards run for it (d, or d + 1 after it dropped a token); 0: no model
+    stop_confidence: float | None = None  # after an early stop: the drafter's probability of the last token it drafted
 
     def draft_probs(self, vocab_size: int) -> torch.Tensor:
         """q as a [d, vocab_size] tensor: the drafter's own, zero-padded to the target's width, or one-hot."""
@@ -27,15 +28,24 @@ class Proposal:
         return self.probs[:, :vocab_size]
 
 
+@dataclass(slots=True)
+class StopRule:
+    """Early stop inside a draft, from the drafter's own probability c_j of each token j it drafts
+    (1-based): c_j < keep[j-1] drops token j and stops (verifying it would cost more than it is
+    expected to give); else c_j < go_on[j-1] keeps token j and stops (no forward for token j+1).
+    The planner derives both from its cost model (Planner.plan)."""
+    keep: list[float]  # [d]
+    go_on: list[float]  # [d - 1]
+
+
 class Drafter(Protocol):
     """Drafters are stateless towards the engine: `context` is the whole committed sequence
     (prompt + output) at every call; a drafter with its own state reconciles it with `context`
     itself. `seq_key` identifies the request, so one drafter serves several in flight.
 
     `cheap`: proposing costs next to nothing (n-gram), so the planner may look at a proposal
-    before choosing how much of it to verify. `min_confidence` (optional, drafters with their own
-    probabilities): stop before proposing token i+2 when the drafter's own probability for it is
-    below min_confidence[i]. `pending` is how many context
+    before choosing how much of it to verify. `stop` (optional, drafters with their own
+    probabilities): when to stop drafting early, see StopRule. `pending` is how many context
     tokens the drafter has not yet seen (what its next propose must catch up on)."""
 
     name: str
@@ -44,7 +54,7 @@ class Drafter(Protocol):
 
     def propose(self, seq_key: int, context: list[int], num_tokens: int,
                 params: SamplingParams, generator: torch.Generator | None,
-                min_confidence: Sequence[float] = ()) -> Proposal: ...
+                stop: StopRule | None = None) -> Proposal: ...
 
     def pending(self, seq_key: int, context: list[int]) -> int: ...
 

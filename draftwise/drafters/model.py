@@ -1,14 +1,13 @@
 """Draft-model drafting: a separate small model with its own KV cache, one sequence per request."""
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from draftwise.backends.base import ModelRunner
-from draftwise.drafters.base import Proposal
+from draftwise.drafters.base import Proposal, StopRule
 from draftwise.sampling import SamplingParams, sample, warp
 
 
@@ -34,12 +33,12 @@ class ModelDrafter:
 
     def propose(self, seq_key: int, context: list[int], num_tokens: int,
                 params: SamplingParams, generator: torch.Generator | None,
-                min_confidence: Sequence[float] = ()) -> Proposal:
-        return self.propose_many([(seq_key, context, num_tokens, params, generator, min_confidence)])[0]
+                stop: StopRule | None = None) -> Proposal:
+        return self.propose_many([(seq_key, context, num_tokens, params, generator, stop)])[0]
 
     def propose_many(self, items: list[tuple]) -> list[Proposal]:
         """propose() for several sequences in lockstep, each item (seq_key, context, num_tokens,
-        params, generator[, min_confidence]): one draft forward per step carries every sequence
+        params, generator[, stop]): one draft forward per step carries every sequence
         still drafting (the catch-ups of all of them in the first), as the server's batch needs."""
         runs = [_Run(self._reconcile(it[0], it[1]), *it) for it in items]
         live = [r for r in runs if r.n > 0]
@@ -77,25 +76,29 @@ class _Run:
     """One sequence's drafting within propose_many."""
 
     def __init__(self, st: _DraftSeq, key: int, context: list[int], n: int, params: SamplingParams,
-                 generator: torch.Generator | None, min_confidence: Sequence[float] = ()):
-        self.st, self.n, self.params, self.gen, self.min_conf = st, n, params, generator, min_confidence
+                 generator: torch.Generator | None, stop: StopRule | None = None):
+        self.st, self.n, self.params, self.gen, self.stop = st, n, params, generator, stop
         self.feed = context[len(st.fed):]  # the tokens the draft has not seen
         self.tokens: list[int] = []
         self.probs: list[torch.Tensor] = []
         self.confs: list[float] = []
+        self.forwards = 0
+        self.stop_conf: float | None = None
         self.done = n <= 0
 
     def step(self, logits: torch.Tensor) -> None:  # logits: [1, V]
         i = len(self.tokens)
+        self.forwards += 1
         if self.params.greedy:
             tok = int(logits[0].argmax())
-            conf = _top_prob(logits[0]) if self.min_conf else 1.0  # its own p of its token
+            conf = _top_prob(logits[0]) if self.stop else 1.0  # its own p of its token
         else:
             q = warp(logits, self.params)  # [1, V]
             tok = sample(q[0], self.gen)
             conf = float(q[0, tok])
-        if i >= 1 and i - 1 < len(self.min_conf) and conf < self.min_conf[i - 1]:
-            self.done = True  # early stop: this token's expected gain does not pay for verifying it
+        rule = self.stop
+        if rule is not None and i < len(rule.keep) and conf < rule.keep[i]:
+            self.done, self.stop_conf = True, conf  # not worth verifying: drop it and stop
             return
         if not self.params.greedy:
             self.probs.append(q)
@@ -103,10 +106,12 @@ class _Run:
         self.confs.append(conf)
         self.feed = [tok]
         self.done = len(self.tokens) >= self.n
+        if not self.done and rule is not None and i < len(rule.go_on) and conf < rule.go_on[i]:
+            self.done, self.stop_conf = True, conf  # keep it, but drafting on would not pay
 
     def proposal(self) -> Proposal:
         return Proposal(self.tokens, torch.cat(self.probs) if self.probs else None,
-                        self.confs if self.min_conf or self.probs else None)
+                        self.confs if self.stop or self.probs else None, self.forwards, self.stop_conf)
 
 
 def _top_prob(row: torch.Tensor) -> float:

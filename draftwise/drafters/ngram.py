@@ -1,12 +1,11 @@
 """Prompt lookup (n-gram) drafting: reuse what followed an earlier copy of the context's suffix."""
 from __future__ import annotations
 
-from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from draftwise.drafters.base import Proposal
+from draftwise.drafters.base import Proposal, StopRule
 from draftwise.sampling import SamplingParams
 
 
@@ -49,7 +48,7 @@ class NgramDrafter:
 
     def propose(self, seq_key: int, context: list[int], num_tokens: int,
                 params: SamplingParams, generator: torch.Generator | None,
-                min_confidence: Sequence[float] = ()) -> Proposal:
+                stop: StopRule | None = None) -> Proposal:
         arr = np.asarray(context, dtype=np.int64)
         return Proposal(ngram_propose(arr, self.min_n, self.max_n, num_tokens).tolist())  # q one-hot
 
