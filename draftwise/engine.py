@@ -194,6 +194,8 @@ class Engine:
                 if req is not None:
                     self._learn(req, plan, prop, res, shadow, logits, params, stats,
                                 (len(feed), t_fwd, t_draft - t, time.perf_counter() - t))
+            if req is not None:
+                self.planner.finish(req)
             stats.wall_s = time.perf_counter() - t0
             stats.other_s = stats.wall_s - stats.prefill_s - stats.draft_s - stats.verify_s
             chunk.result = GenerationResult(out.text, out.token_ids, len(prompt_ids), out.finish_reason,

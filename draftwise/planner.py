@@ -185,6 +185,8 @@ class RequestPlan:
     plans: list[int] = field(default_factory=list)  # D chosen each round
     next_probe: int = 0  # no probe before this many rounds; the gap doubles after each probe
     probe_gap: int = 2
+    probed: bool = False  # its first probe ran
+    awaiting: bool = False  # ... and whether it led to speculation is not yet known
 
 
 class Planner:
@@ -205,6 +207,7 @@ class Planner:
         self.workload = Acceptance(p, strength=prior_strength, forget=0.97)  # recent requests
         self.draft_call_s = 1e-4  # cheap drafter: seconds per propose call (EMA)
         self._conf = [1.0, 1.0]  # accepted, sum of the draft's own probabilities (reached positions)
+        self._led = [0.0, 0.0]  # recent requests' first probes: (discounted) led to speculation, all
         self.overhead_s = 0.0  # per round, besides forwards and drafting (EMA)
 
     def new_request(self, max_tokens: int) -> RequestPlan:
@@ -248,7 +251,7 @@ class Planner:
                 later = any(req.plans)
                 r_probe = expected_tokens(up, best_d) / t_probe
                 if (r_probe > r_plain * (1 + self.margin)) if later else \
-                        self._catch_up_pays(req, behind, r_plain, r_up) and \
+                        self._catch_up_pays(req, behind, r_plain, r_up, self.probe_leads()) and \
                         self._workload_may_pay(req, behind, d_max, n_seqs, r_plain):
                     return Plan(best_d, best_r, r_plain, tokens=expected_tokens(alpha, best_d), probe=True)
             return Plan(0, r_plain, r_plain)
@@ -306,13 +309,34 @@ class Planner:
         d_w, r_w = self._best(self.workload.upper(), d_max, n_seqs, r_plain)
         return d_w > 0 and self._catch_up_pays(req, behind, r_plain, r_w)
 
-    def _catch_up_pays(self, req: RequestPlan, behind: int, r_plain: float, r_spec: float) -> bool:
+    def _catch_up_pays(self, req: RequestPlan, behind: int, r_plain: float, r_spec: float,
+                       chance: float = 1.0) -> bool:
         """A draft model that fell behind catches up once; worth it if the rest of the request,
-        at the speculative rate, saves more than that forward costs."""
+        at the speculative rate, saves more than that forward costs (times the chance that the
+        saving happens at all: for a first probe, how often recent first probes led to speculation)."""
         if self.draft is None or behind <= 1:
             return True
         catch_up = self.draft_cost(1, behind) - self.draft_cost(1, 1)
-        return req.remaining * (1.0 / r_plain - 1.0 / r_spec) > catch_up
+        return chance * req.remaining * (1.0 / r_plain - 1.0 / r_spec) > catch_up
+
+    def probe_leads(self) -> float:
+        """Optimistic bound (mean + one sd, Beta(1, 1) prior) on the share of recent requests whose
+        first probe led to speculation: where first probes keep finding a draft that does not pay
+        (a 0.5B draft on prose on llama.cpp: each paid the prompt's catch-up for nothing), new
+        requests stop paying for them; requests that do not probe widen the bound again."""
+        m = (self._led[0] + 1) / (self._led[1] + 2)
+        return min(m + float(np.sqrt(m * (1 - m) / (self._led[1] + 3))), 1.0)
+
+    def finish(self, req: RequestPlan) -> None:
+        """A request ended: if its first probe never led to speculation, record that."""
+        if req.awaiting:
+            self._lead(0.0)
+            req.awaiting = False
+        elif not req.probed:
+            self._led = [0.9 * x for x in self._led]
+
+    def _lead(self, x: float) -> None:
+        self._led = [0.9 * self._led[0] + x, 0.9 * self._led[1] + 1]
 
     @property
     def calibration(self) -> float:
@@ -331,6 +355,11 @@ class Planner:
             self._conf[1] = 0.99 * self._conf[1] + sum(confidence[:reached])
         req.plans.append(plan.d)
         req.remaining -= emitted
+        if plan.probe and not req.probed:
+            req.probed = req.awaiting = True
+        elif req.awaiting and plan.d > 0 and not plan.probe:  # the first probe led to speculation
+            self._lead(1.0)
+            req.awaiting = False
         if plan.probe:
             req.next_probe, req.probe_gap = len(req.plans) + req.probe_gap, 2 * req.probe_gap
         elif plan.d > 0:

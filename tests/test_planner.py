@@ -6,7 +6,7 @@ from draftwise.drafters.base import StopRule
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
-from draftwise.planner import Acceptance, CostCurve, Planner, expected_tokens
+from draftwise.planner import Acceptance, CostCurve, Plan, Planner, expected_tokens
 from draftwise.profile import ProfileResult
 from draftwise.sampling import SamplingParams
 from fakes import CharTokenizer, CycleRunner
@@ -219,7 +219,10 @@ def test_early_stopped_round_charges_the_dropped_tokens_forward():
 
         def observe_times(self, k, n_seqs, forward_s, d, behind, draft_s, overhead_s):
             seen.append(d)
-    seen = []
+
+        def finish(self, req):
+            finished.append(req.remaining)
+    seen, finished = [], []
     draft_runner = CycleRunner()
     pl = StopAfterTwo(curve(1.0), curve(0.1, first_ms=0.1), prior=0.95, max_draft=8, online=False)
     r = Engine(CycleRunner(), CharTokenizer(), ModelDrafter(draft_runner), "auto", planner=pl).generate(PROMPT, max_tokens=30)
@@ -229,6 +232,7 @@ def test_early_stopped_round_charges_the_dropped_tokens_forward():
     # giving the dropped token 3) and is charged 3; the last round (1 token, no stop) is charged 1
     assert [d for d in seen if d] == [3] * (len(proposed) - 1) + [proposed[-1]]
     assert sum(seen) == len(draft_runner.forwards)
+    assert finished == [1]  # the engine tells the planner the request ended (its first token came from prefill)
 
 
 def test_early_stops_shorten_the_plan():
@@ -300,6 +304,34 @@ def test_first_probe_skipped_once_the_workload_shows_the_draft_does_not_pay():
         r = pl.new_request(10_000)
         pl.commit(r, pl.plan(r), 2, 2, 3)
     assert pl.plan(pl.new_request(10_000)).d > 0
+
+
+def test_first_probes_stop_once_they_keep_leading_nowhere():
+    # each request's first probe pays a 500-token catch-up and then the request goes back to plain
+    # decoding (its draft dropped): new requests stop paying for first probes, a cheap one still runs
+    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0))
+    probed = []
+    for _ in range(12):
+        r = pl.new_request(1000)
+        p = pl.plan(r, behind=500)
+        pl.commit(r, p, 0, 0, 1)
+        pl.finish(r)
+        probed.append(p.probe)
+    assert all(probed[:3]) and sum(probed[-6:]) <= 2, probed
+    assert pl.plan(pl.new_request(1000), behind=1).probe
+    for _ in range(30):  # requests that do not probe widen the bound again: it explores again later
+        pl.finish(pl.new_request(1000))
+    assert pl.plan(pl.new_request(1000), behind=500).probe
+    # first probes that lead to speculation keep being paid for
+    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0))
+    for _ in range(12):
+        r = pl.new_request(1000)
+        p = pl.plan(r, behind=500)
+        assert p.probe
+        pl.commit(r, p, 0, 0, 1)
+        pl.commit(r, Plan(2, 1.0, 1.0), 0, 0, 1)  # a speculative round followed
+        pl.finish(r)
+    assert pl.probe_leads() > 0.9
 
 
 def test_catch_up_priced_by_the_measured_long_forward():
