@@ -276,7 +276,7 @@ class Engine:
         stats.predicted_s += plan.tokens / plan.rate
         stats.predicted_plain_s += plan.tokens / plan.plain_rate
         self.planner.commit(req, plan, len(prop.tokens), res.num_accepted, len(res.tokens), prop.confidence,
-                            prop.stop_confidence)
+                            prop.stop_confidence, t_round)
         if shadow is not None:  # P(accept) of the unverified token: p(x) at the plain step's position
             p = 1.0 if params.greedy and int(logits[0].argmax()) == shadow else 0.0
             if not params.greedy:

@@ -186,7 +186,7 @@ class RequestPlan:
     next_probe: int = 0  # no probe before this many rounds; the gap doubles after each probe
     probe_gap: int = 2
     probed: bool = False  # its first probe ran
-    awaiting: bool = False  # ... and whether it led to speculation is not yet known
+    saved_s: float = 0.0  # since then: measured seconds its speculative rounds saved over plain steps
 
 
 class Planner:
@@ -207,7 +207,7 @@ class Planner:
         self.workload = Acceptance(p, strength=prior_strength, forget=0.97)  # recent requests
         self.draft_call_s = 1e-4  # cheap drafter: seconds per propose call (EMA)
         self._conf = [1.0, 1.0]  # accepted, sum of the draft's own probabilities (reached positions)
-        self._led = [0.0, 0.0]  # recent requests' first probes: (discounted) led to speculation, all
+        self._led = [0.0, 0.0]  # recent requests' first probes: (discounted) paid off, all
         self.overhead_s = 0.0  # per round, besides forwards and drafting (EMA)
 
     def new_request(self, max_tokens: int) -> RequestPlan:
@@ -313,7 +313,7 @@ class Planner:
                        chance: float = 1.0) -> bool:
         """A draft model that fell behind catches up once; worth it if the rest of the request,
         at the speculative rate, saves more than that forward costs (times the chance that the
-        saving happens at all: for a first probe, how often recent first probes led to speculation)."""
+        saving happens at all: for a first probe, how often recent first probes paid off)."""
         if self.draft is None or behind <= 1:
             return True
         catch_up = self.draft_cost(1, behind) - self.draft_cost(1, 1)
@@ -321,18 +321,20 @@ class Planner:
 
     def probe_leads(self) -> float:
         """Optimistic bound (mean + one sd, Beta(1, 1) prior) on the share of recent requests whose
-        first probe led to speculation: where first probes keep finding a draft that does not pay
-        (a 0.5B draft on prose on llama.cpp: each paid the prompt's catch-up for nothing), new
-        requests stop paying for them; requests that do not probe widen the bound again."""
+        first probe paid off: their speculative rounds from the probe on, catch-up included, took
+        less time than plain steps would have for the tokens they emitted (measured, each round's
+        time against the current plain-step estimate). Where first probes keep finding a draft
+        that does not pay (a 0.5B draft on prose on llama.cpp: each paid the prompt's catch-up and
+        then broke even at best), new requests stop paying for them; requests that do not probe
+        widen the bound again."""
         m = (self._led[0] + 1) / (self._led[1] + 2)
         return min(m + float(np.sqrt(m * (1 - m) / (self._led[1] + 3))), 1.0)
 
     def finish(self, req: RequestPlan) -> None:
-        """A request ended: if its first probe never led to speculation, record that."""
-        if req.awaiting:
-            self._lead(0.0)
-            req.awaiting = False
-        elif not req.probed:
+        """A request ended: record whether its first probe paid off."""
+        if req.probed:
+            self._lead(float(req.saved_s > 0))
+        else:
             self._led = [0.9 * x for x in self._led]
 
     def _lead(self, x: float) -> None:
@@ -344,22 +346,23 @@ class Planner:
         return min(max(self._conf[0] / self._conf[1], 0.5), 2.0)
 
     def commit(self, req: RequestPlan, plan: Plan, proposed: int, accepted: int, emitted: int,
-               confidence: list[float] | None = None, stop_confidence: float | None = None) -> None:
+               confidence: list[float] | None = None, stop_confidence: float | None = None,
+               round_s: float | None = None) -> None:
         """After a round (or plain step): update the request's and the workload's acceptance, and
         the calibration of the draft's probabilities (over the positions the target reached).
         `stop_confidence`: after an early stop, the draft's own probability of the token it dropped,
-        or of the last token it kept (a proxy for the next one, which it did not draft)."""
+        or of the last token it kept (a proxy for the next one, which it did not draft).
+        `round_s`: the round's measured seconds (drafting, catch-up included, and verification)."""
         if confidence:
             reached = min(accepted + 1, proposed, len(confidence))
             self._conf[0] = 0.99 * self._conf[0] + min(accepted, reached)
             self._conf[1] = 0.99 * self._conf[1] + sum(confidence[:reached])
         req.plans.append(plan.d)
         req.remaining -= emitted
-        if plan.probe and not req.probed:
-            req.probed = req.awaiting = True
-        elif req.awaiting and plan.d > 0 and not plan.probe:  # the first probe led to speculation
-            self._lead(1.0)
-            req.awaiting = False
+        if plan.probe:
+            req.probed = True
+        if req.probed and plan.d > 0 and round_s is not None:
+            req.saved_s += emitted * (self.verify(1) + self.overhead_s) - round_s
         if plan.probe:
             req.next_probe, req.probe_gap = len(req.plans) + req.probe_gap, 2 * req.probe_gap
         elif plan.d > 0:
