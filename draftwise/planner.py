@@ -207,7 +207,7 @@ class Planner:
         self.workload = Acceptance(p, strength=prior_strength, forget=0.97)  # recent requests
         self.draft_call_s = 1e-4  # cheap drafter: seconds per propose call (EMA)
         self._conf = [1.0, 1.0]  # accepted, sum of the draft's own probabilities (reached positions)
-        self._led = [0.0, 0.0]  # recent requests' first probes: (discounted) paid off, all
+        self._paid = [0.0, 0.0]  # recent requests' first probes: (discounted) paid off, all
         self.overhead_s = 0.0  # per round, besides forwards and drafting (EMA)
 
     def new_request(self, max_tokens: int) -> RequestPlan:
@@ -251,7 +251,7 @@ class Planner:
                 later = any(req.plans)
                 r_probe = expected_tokens(up, best_d) / t_probe
                 if (r_probe > r_plain * (1 + self.margin)) if later else \
-                        self._catch_up_pays(req, behind, r_plain, r_up, self.probe_leads()) and \
+                        self._catch_up_pays(req, behind, r_plain, r_up, self.probes_pay()) and \
                         self._workload_may_pay(req, behind, d_max, n_seqs, r_plain):
                     return Plan(best_d, best_r, r_plain, tokens=expected_tokens(alpha, best_d), probe=True)
             return Plan(0, r_plain, r_plain)
@@ -319,7 +319,7 @@ class Planner:
         catch_up = self.draft_cost(1, behind) - self.draft_cost(1, 1)
         return chance * req.remaining * (1.0 / r_plain - 1.0 / r_spec) > catch_up
 
-    def probe_leads(self) -> float:
+    def probes_pay(self) -> float:
         """Optimistic bound (mean + one sd, Beta(1, 1) prior) on the share of recent requests whose
         first probe paid off: their speculative rounds from the probe on, catch-up included, took
         less time than plain steps would have for the tokens they emitted (measured, each round's
@@ -327,18 +327,18 @@ class Planner:
         that does not pay (a 0.5B draft on prose on llama.cpp: each paid the prompt's catch-up and
         then broke even at best), new requests stop paying for them; requests that do not probe
         widen the bound again."""
-        m = (self._led[0] + 1) / (self._led[1] + 2)
-        return min(m + float(np.sqrt(m * (1 - m) / (self._led[1] + 3))), 1.0)
+        m = (self._paid[0] + 1) / (self._paid[1] + 2)
+        return min(m + float(np.sqrt(m * (1 - m) / (self._paid[1] + 3))), 1.0)
 
     def finish(self, req: RequestPlan) -> None:
         """A request ended: record whether its first probe paid off."""
         if req.probed:
-            self._lead(float(req.saved_s > 0))
+            self._record_probe(float(req.saved_s > 0))
         else:
-            self._led = [0.9 * x for x in self._led]
+            self._paid = [0.9 * x for x in self._paid]
 
-    def _lead(self, x: float) -> None:
-        self._led = [0.9 * self._led[0] + x, 0.9 * self._led[1] + 1]
+    def _record_probe(self, paid: float) -> None:
+        self._paid = [0.9 * self._paid[0] + paid, 0.9 * self._paid[1] + 1]
 
     @property
     def calibration(self) -> float:

@@ -330,7 +330,7 @@ def test_first_probes_stop_once_they_keep_failing_to_pay():
     # first probes whose requests then save more than the catch-up keep being paid for
     pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0))
     assert all(request(pl, 0.005) for _ in range(12))  # 25 ms saved a round: 0.5 s over the request
-    assert pl.probe_leads() > 0.9
+    assert pl.probes_pay() > 0.9
 
 
 def test_catch_up_priced_by_the_measured_long_forward():
