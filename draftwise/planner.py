@@ -361,12 +361,11 @@ class Planner:
         req.remaining -= emitted
         if plan.probe:
             req.probed = True
-        if req.probed and plan.d > 0 and round_s is not None:
-            req.saved_s += emitted * (self.verify(1) + self.overhead_s) - round_s
-        if plan.probe:
             req.next_probe, req.probe_gap = len(req.plans) + req.probe_gap, 2 * req.probe_gap
         elif plan.d > 0:
             req.probe_gap = 2
+        if req.probed and plan.d > 0 and round_s is not None:
+            req.saved_s += emitted * (self.verify(1) + self.overhead_s) - round_s
         after = None if stop_confidence is None else min(stop_confidence * self.calibration, 1.0)
         if proposed > 0:
             req.acceptance.observe(proposed, accepted, after)

@@ -1,7 +1,6 @@
 """Prompt lookup (n-gram) drafting: reuse what followed an earlier copy of the context's suffix."""
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 
