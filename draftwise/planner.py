@@ -142,9 +142,12 @@ class Acceptance:
 
     def observe_first(self, p_accept: float) -> None:
         """A shadow observation of position 1 only (a free drafter's proposal, not verified): the
-        probability the first token would have been accepted."""
-        self.acc *= self.forget
-        self.seen *= self.forget
+        probability the first token would have been accepted. Only position 1's older evidence is
+        discounted: a plain stretch of shadows must not wash out what verified rounds measured
+        deeper (else a drafter whose first token is often right but whose second is wrong keeps
+        drafting long: deeper positions would fall back to borrowing from the first)."""
+        self.acc[0] *= self.forget
+        self.seen[0] *= self.forget
         self.seen[0] += 1
         self.acc[0] += p_accept
 
@@ -159,6 +162,63 @@ class Acceptance:
         (a request that stopped drafting probes again after tens of steps, not every few)."""
         self.acc *= forget
         self.seen *= forget
+
+
+class Calibration:
+    """P(a draft token is accepted | the draft's own probability c for it), measured: per bin of c
+    (10 equal bins, discounted by 0.99 per round), each bin's estimate pulled towards c x scale
+    (the draft's overall accepted-per-unit-of-c ratio) by 2 pseudo-counts, so a bin with few
+    observations follows the overall ratio; made non-decreasing in c. With nothing measured,
+    g(c) = c x scale. One ratio alone was not enough: on code the 0.5B's tokens at c ~ 0.3 were
+    accepted far more often than 0.3 x scale, and the early-stop bars cut short drafts that fixed
+    D = 8 got fully accepted."""
+
+    BINS, PSEUDO, DECAY = 10, 2.0, 0.99
+
+    def __init__(self):
+        self.acc = np.zeros(self.BINS)  # [BINS] (discounted) accepted tokens with c in the bin
+        self.n = np.zeros(self.BINS)  # [BINS] (discounted) tokens reached by verification
+        self._ratio = [1.0, 1.0]  # accepted, sum of c (reached positions), discounted alike
+
+    @property
+    def scale(self) -> float:
+        """Measured acceptance per unit of the draft's own probability (> 1: it is too modest)."""
+        return min(max(self._ratio[0] / self._ratio[1], 0.5), 2.0)
+
+    def observe(self, confidence: list[float], accepted: int, reached: int) -> None:
+        """A verified round: tokens 1..reached were verified, the first `accepted` accepted."""
+        self.acc *= self.DECAY
+        self.n *= self.DECAY
+        self._ratio = [self.DECAY * self._ratio[0] + min(accepted, reached),
+                       self.DECAY * self._ratio[1] + sum(confidence[:reached])]
+        for i, c in enumerate(confidence[:reached]):
+            b = min(int(c * self.BINS), self.BINS - 1)
+            self.n[b] += 1
+            self.acc[b] += i < accepted
+
+    def _bin(self, b: int, c: float) -> float:
+        """Bin b's estimate at c: its measured share pulled towards c x scale by PSEUDO counts."""
+        return (self.acc[b] + self.PSEUDO * min(c * self.scale, 1.0)) / (self.n[b] + self.PSEUDO)
+
+    def __call__(self, c: float) -> float:
+        """g(c), non-decreasing: the best of this bin at c and every lower bin at its top edge."""
+        b = min(int(c * self.BINS), self.BINS - 1)
+        return max([self._bin(b, c)] + [self._bin(i, (i + 1) / self.BINS) for i in range(b)])
+
+    def threshold(self, p: float) -> float:
+        """The smallest c with g(c) >= p (a bar on acceptance -> a bar on c); > 1 when none."""
+        if p <= 0.0:
+            return 0.0
+        s = self.scale
+        for b in range(self.BINS):
+            lo, hi = b / self.BINS, (b + 1) / self.BINS
+            if self._bin(b, lo) >= p:  # (lower bins never reached p, else it returned there)
+                return lo
+            w = self.n[b] + self.PSEUDO
+            c = (p * w - self.acc[b]) / (self.PSEUDO * s)  # where this bin's line reaches p
+            if c < hi and c * s <= 1.0:  # past c = 1 / scale the line is flat, below p
+                return c
+        return 1.0 + p  # no token reaches it
 
 
 def expected_tokens(alpha: np.ndarray, d: int) -> float:
@@ -206,7 +266,7 @@ class Planner:
         p = np.broadcast_to(np.asarray(prior, dtype=np.float64), (max_draft,)).copy()
         self.workload = Acceptance(p, strength=prior_strength, forget=0.97)  # recent requests
         self.draft_call_s = 1e-4  # cheap drafter: seconds per propose call (EMA)
-        self._conf = [1.0, 1.0]  # accepted, sum of the draft's own probabilities (reached positions)
+        self.calib = Calibration()  # acceptance as a function of the draft's own probability
         self._paid = [0.0, 0.0]  # recent requests' first probes: (discounted) paid off, all
         self.overhead_s = 0.0  # per round, besides forwards and drafting (EMA)
 
@@ -269,22 +329,22 @@ class Planner:
 
     def _stop_rule(self, alpha: np.ndarray, d: int, rate: float, n_seqs: int) -> StopRule:
         """Bars on the draft's own probability c_j of each token j it drafts. Token j is accepted
-        with probability ~ c_j x calibration once tokens 1..j-1 are (reach_{j-1} = prod alpha_1..j-1),
+        with probability g(c_j) (Calibration) once tokens 1..j-1 are (reach_{j-1} = prod alpha_1..j-1),
         and its forward is already paid when c_j is read, so, at the rate this plan expects:
-        - keep token j iff reach_{j-1} c_j cal >= rate (T_verify(j+1) - T_verify(j)): its expected
+        - keep token j iff reach_{j-1} g(c_j) >= rate (T_verify(j+1) - T_verify(j)): its expected
           gain pays for one more verified position;
-        - draft on iff reach_{j-1} c_j cal tail_j >= rate (draft forwards j+1..d + T_verify(d+1) -
+        - draft on iff reach_{j-1} g(c_j) tail_j >= rate (draft forwards j+1..d + T_verify(d+1) -
           T_verify(j+1)), tail_j = sum_{i=j+1..d} prod_{l=j+1..i} alpha_l: the rest of the plan as a
           whole (the curve is not convex: past k = 9 a verified token is nearly free on llama.cpp)."""
-        cal = self.calibration
+        g = self.calib.threshold  # a bar on g(c) -> the same bar on c
         reach = np.concatenate([[1.0], np.cumprod(alpha[:d])])  # [d+1] reach[j] = P(tokens 1..j accepted)
         v = [self.verify(k, n_seqs) for k in range(1, d + 2)]  # v[k-1] = T_verify(k)
-        keep = [rate * max(v[j] - v[j - 1], 0.0) / (reach[j - 1] * cal) for j in range(1, d + 1)]
+        keep = [g(rate * max(v[j] - v[j - 1], 0.0) / reach[j - 1]) for j in range(1, d + 1)]
         go_on = []
         for j in range(1, d):
             cost = (d - j) * self.draft(1) + v[d] - v[j]
             tail = float(np.cumprod(alpha[j:d]).sum())
-            go_on.append(rate * max(cost, 0.0) / (reach[j - 1] * cal * tail))
+            go_on.append(g(rate * max(cost, 0.0) / (reach[j - 1] * tail)))
         return StopRule(keep, go_on)
 
     def _round_s(self, d: int, n_seqs: int) -> float:
@@ -340,11 +400,6 @@ class Planner:
     def _record_probe(self, paid: float) -> None:
         self._paid = [0.9 * self._paid[0] + paid, 0.9 * self._paid[1] + 1]
 
-    @property
-    def calibration(self) -> float:
-        """Measured acceptance per unit of the draft's own probability (> 1: it is too modest)."""
-        return min(max(self._conf[0] / self._conf[1], 0.5), 2.0)
-
     def commit(self, req: RequestPlan, plan: Plan, proposed: int, accepted: int, emitted: int,
                confidence: list[float] | None = None, stop_confidence: float | None = None,
                round_s: float | None = None) -> None:
@@ -354,9 +409,7 @@ class Planner:
         or of the last token it kept (a proxy for the next one, which it did not draft).
         `round_s`: the round's measured seconds (drafting, catch-up included, and verification)."""
         if confidence:
-            reached = min(accepted + 1, proposed, len(confidence))
-            self._conf[0] = 0.99 * self._conf[0] + min(accepted, reached)
-            self._conf[1] = 0.99 * self._conf[1] + sum(confidence[:reached])
+            self.calib.observe(confidence, accepted, min(accepted + 1, proposed, len(confidence)))
         req.plans.append(plan.d)
         req.remaining -= emitted
         if plan.probe:
@@ -366,7 +419,7 @@ class Planner:
             req.probe_gap = 2
         if req.probed and plan.d > 0 and round_s is not None:
             req.saved_s += emitted * (self.verify(1) + self.overhead_s) - round_s
-        after = None if stop_confidence is None else min(stop_confidence * self.calibration, 1.0)
+        after = None if stop_confidence is None else self.calib(stop_confidence)
         if proposed > 0:
             req.acceptance.observe(proposed, accepted, after)
             self.workload.observe(proposed, accepted, after)

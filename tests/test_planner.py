@@ -6,7 +6,7 @@ from draftwise.drafters.base import StopRule
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
-from draftwise.planner import Acceptance, CostCurve, Plan, Planner, expected_tokens
+from draftwise.planner import Acceptance, Calibration, CostCurve, Plan, Planner, expected_tokens
 from draftwise.profile import ProfileResult
 from draftwise.sampling import SamplingParams
 from fakes import CharTokenizer, CycleRunner
@@ -146,7 +146,8 @@ def test_draft_probabilities_calibrated_by_measured_acceptance():
     before = pl.plan(req).stop.go_on
     for _ in range(200):  # the draft says 0.5 for tokens the target always accepts
         pl.commit(req, pl.plan(req), 4, 4, 5, [0.5] * 4)
-    assert pl.calibration == pytest.approx(2.0, abs=0.01)  # measured 4 / (4 x 0.5)
+    assert pl.calib.scale == pytest.approx(2.0, abs=0.01)  # measured 4 / (4 x 0.5)
+    assert pl.calib(0.55) == pytest.approx(1.0, abs=0.01)  # the centre of the bin holding 0.5
     after = pl.plan(req)
     assert after.stop.go_on[0] < before[0]
 
@@ -357,3 +358,42 @@ def test_a_request_unlike_the_workload_overrides_its_prior_within_rounds():
         if p.d == 0:
             pl.shadow(req, 0.0)
     assert chosen[0] == 12 and chosen[4:] == [0] * 16
+
+
+def test_shadows_of_the_first_position_keep_what_deeper_positions_measured():
+    # a cheap drafter on prose: its first token often right (measured by shadows during plain
+    # stretches), its second always wrong when verified; the plain stretches between rounds must
+    # not wash out the deeper positions' rejections, or every round drafts long and loses
+    ms = [102, 131, 162, 192, 225, 249, 279, 296, 290, 295, 309, 299, 306, 307, 313, 314, 429]  # llama.cpp 1.5B
+    pl = Planner(CostCurve({1: [m / 4 + 75 for m in ms]}), None, prior=0.9, max_draft=16)
+    req, chosen = pl.new_request(10_000), []
+    for _ in range(30):
+        p = pl.plan(req, available=12)
+        if p.d:
+            chosen.append(p.d)
+            pl.commit(req, p, p.d, 1, 2)  # first accepted, second rejected
+        for _ in range(6):  # a plain stretch: the drafter's first token is right every time
+            pl.commit(req, Plan(0, 1.0, 1.0), 0, 0, 1)
+            pl.shadow(req, 1.0)
+    assert len(chosen) >= 20 and max(chosen[-10:]) <= 3  # 1 or 2, plus one position tried deeper
+
+
+def test_calibration_per_bin_of_the_draft_probability():
+    cal = Calibration()
+    assert cal(0.3) == pytest.approx(0.3) and cal.threshold(0.3) == pytest.approx(0.3)  # nothing measured: c
+    assert cal.threshold(1.5) > 1.0  # a bar no token can reach
+    for i in range(600):  # code: tokens at c = 0.95 always accepted, tokens at c = 0.3 90% of the time
+        cal.observe([0.95] * 9 + [0.3], accepted=10 if i % 10 else 9, reached=10)
+    # one ratio would say 0.3 x 1.07 ~ 0.32 for the c = 0.3 tokens; per bin they are ~0.9
+    assert cal.scale == pytest.approx(9.9 / 8.85, abs=0.01)
+    assert cal(0.3) == pytest.approx(0.9, abs=0.03) and cal(0.95) == pytest.approx(1.0, abs=0.02)
+    assert cal.threshold(0.8) == pytest.approx(0.3)  # the bin's lower edge: all of it reaches 0.8
+    assert cal(0.5) == pytest.approx(0.9, abs=0.03)  # non-decreasing: an empty bin above borrows up
+    assert all(cal(a) <= cal(b) + 1e-12 for a, b in zip(np.linspace(0, 1, 50), np.linspace(0, 1, 50)[1:]))
+    # and the planner's early-stop bars follow: a draft at c = 0.3 is no longer cut short
+    pl = planner(per_token_ms=2.0, prior=0.9, draft=curve(1.0, first_ms=1.0))
+    req = pl.new_request(100_000)
+    for _ in range(200):
+        pl.commit(req, pl.plan(req), 4, 4, 5, [0.3] * 4)
+    p = pl.plan(req)
+    assert p.d >= 4 and max(p.stop.go_on[:3]) <= 0.3 and max(p.stop.keep[:4]) <= 0.3  # c < bar stops
