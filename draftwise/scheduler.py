@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from draftwise.backends.base import ModelRunner
-from draftwise.drafters.base import Drafter, Proposal
+from draftwise.drafters.base import Drafter, Proposal, StopRule
 from draftwise.engine import Chunk, GenerationResult, TokenLogprobs, check_request
 from draftwise.output import OutputTracker
 from draftwise.sampling import SamplingParams, sample, warp
@@ -95,7 +95,8 @@ class Scheduler:
                  spec_off_above: int | None = None,
                  choose_draft_len: Callable[[RequestState, int], int] | None = None, observer=None,
                  pad_ragged: bool = False,
-                 after_round: Callable[[RequestState, int, int, int], None] | None = None):
+                 after_round: Callable[..., None] | None = None,
+                 draft_stop: Callable[[RequestState], StopRule | None] | None = None):
         if num_draft_tokens < 0 or max_running < 1 or max_queue < 0:
             raise ValueError("need num_draft_tokens >= 0, max_running >= 1, max_queue >= 0")
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
@@ -104,7 +105,9 @@ class Scheduler:
         self.max_running = min([max_running] + [r.n_seq_max for r in runners if hasattr(r, "n_seq_max")])
         self.max_queue = max_queue
         self.choose_draft_len = choose_draft_len or self.default_draft_len
-        self.after_round = after_round  # (state, proposed, accepted, emitted): what the policy learns from
+        # (state, proposed, accepted, emitted, confidence, stop_confidence): what the policy learns from
+        self.after_round = after_round
+        self.draft_stop = draft_stop  # the request's early-stop rule for a draft model this step
         self.observer = observer or NullObserver()
         # llama.cpp with per-sequence KV streams splits a batch into ubatches of equally many tokens
         # per sequence: ragged k costs extra weight passes; padding trades them for wasted rows
@@ -256,7 +259,8 @@ class Scheduler:
                 st.stats.plain_steps += 1
             st.ctx += res.tokens
             if self.after_round is not None:
-                self.after_round(st, len(prop.tokens), res.num_accepted, len(res.tokens))
+                self.after_round(st, len(prop.tokens), res.num_accepted, len(res.tokens), prop.confidence,
+                                 prop.stop_confidence)
             # row i of the verification scored emitted token i (accepted, then recovered or bonus)
             self._commit(st, res.tokens, bool(prop.tokens), _logprobs(st.req, rows[: len(res.tokens)], res.tokens))
         self.observer.phase("other", time.perf_counter() - t)
@@ -269,7 +273,9 @@ class Scheduler:
         t = time.perf_counter()
         if todo and hasattr(self.drafter, "propose_many"):
             try:
-                got = self.drafter.propose_many([(st.key, st.ctx, d, st.req.params, st.gen) for st, d in todo])
+                stop = self.draft_stop or (lambda st: None)
+                got = self.drafter.propose_many([(st.key, st.ctx, d, st.req.params, st.gen, stop(st))
+                                                 for st, d in todo])
             except Exception as e:  # noqa: BLE001
                 for st, _ in todo:
                     self._drop(st, e)

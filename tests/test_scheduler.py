@@ -179,3 +179,30 @@ def test_planner_policy_turns_speculation_off_when_batching_makes_verification_d
     assert all(s.verification_rounds == 0 for s in together)
     fixed = run_all(sched, PROMPTS, d=2)  # a request's own D overrides the planner
     assert all(c.result.stats.verification_rounds > 0 for c in fixed)
+
+
+def test_planner_policy_prices_draft_catch_up_and_stops_drafts_early():
+    from draftwise.drafters.base import StopRule
+    from draftwise.drafters.model import ModelDrafter
+    from draftwise.planner import CostCurve, Planner
+    from draftwise.server.planned import PlannedDraftLength
+
+    class StopAfterTwo(Planner):  # records what it is asked, and stops every draft before token 3
+        def plan(self, req, n_seqs=1, available=None, behind=1):
+            asked.append(behind)
+            p = super().plan(req, n_seqs, available, behind)
+            if p.d > 2:
+                p.stop = StopRule([0.0, 0.0] + [1.1] * (p.d - 2), [0.0] * (p.d - 1))
+            return p
+    asked = []
+    ms = [10.0 + 0.5 * k for k in range(8)]
+    pl = StopAfterTwo(CostCurve({1: ms, 4: [4 * m for m in ms]}), CostCurve({1: [1.0] * 8}), prior=0.95,
+                      max_draft=6, online=False)
+    drafter = ModelDrafter(CycleRunner(period=16))
+    policy = PlannedDraftLength(pl, drafter)
+    sched = Scheduler(CycleRunner(period=16), CharTokenizer(), drafter, 6, **policy.hooks())
+    r = run_all(sched, PROMPTS[:1], max_tokens=20)[0].result
+    assert asked[0] == len(PROMPTS[0]) + 1  # the draft model has not seen the prompt: a catch-up to price
+    assert asked[1:] == [1] * (len(asked) - 1)  # then it follows every round (each drafted)
+    assert r.stats.verification_rounds >= 5 and max(p for _, p, _ in r.rounds) == 2  # stopped at token 2
+    assert r.stats.accepted_draft_tokens == r.stats.proposed_tokens

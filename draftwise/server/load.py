@@ -97,6 +97,6 @@ def build_scheduler(cfg: ServeConfig, observer=None) -> tuple[Scheduler, LockedT
             from draftwise.server.planned import planned_policy
 
             policy = planned_policy(runner, drafter, cfg.max_running)
-            d, hooks = policy.planner.max_draft, {"choose_draft_len": policy.choose, "after_round": policy.after_round}
+            d, hooks = policy.planner.max_draft, policy.hooks()
     return Scheduler(runner, locked, drafter, d, cfg.max_running, cfg.max_queue, cfg.spec_off_above,
                      observer=observer, pad_ragged=cfg.pad_ragged, **hooks), locked

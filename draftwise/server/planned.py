@@ -1,8 +1,12 @@
 """`--num-draft-tokens auto` for the server: the planner (draftwise.planner) picks each request's
 D every step from its acceptance so far and the target's measured forward cost at the step's
-batch size, so speculation switches itself off where batching has made verification too dear."""
+batch size, so speculation switches itself off where batching has made verification too dear.
+As in the engine, a draft model's catch-up after plain steps is priced (`behind`) and its draft
+stops early by the plan's StopRule. The server's planner is not rescaled by measured times
+(online=False), so what it chooses is a function of the tokens (and the draft's probabilities)."""
 from __future__ import annotations
 
+from draftwise.drafters.base import Drafter, StopRule
 from draftwise.planner import Planner
 from draftwise.scheduler import RequestState
 
@@ -11,8 +15,10 @@ class PlannedDraftLength:
     """The scheduler's choose_draft_len / after_round pair over one Planner. A request that fixes
     its own D (`num_draft_tokens`, or `speculation: false`) keeps it."""
 
-    def __init__(self, planner: Planner):
+    def __init__(self, planner: Planner, drafter: Drafter | None = None):
         self.planner = planner
+        self.model = drafter is not None and not drafter.cheap  # a draft model: catch-ups to price
+        self.drafter = drafter
 
     def choose(self, st: RequestState, n_running: int) -> int:
         if st.req.num_draft_tokens is not None:
@@ -21,13 +27,24 @@ class PlannedDraftLength:
             st.policy = [self.planner.new_request(st.req.max_tokens), None]
         req_plan = st.policy[0]
         req_plan.remaining = st.out.remaining
-        st.policy[1] = plan = self.planner.plan(req_plan, n_running)
+        behind = self.drafter.pending(st.key, st.ctx) if self.model else 1
+        st.policy[1] = plan = self.planner.plan(req_plan, n_running, behind=behind)
+        plan.behind = behind
         return plan.d
 
-    def after_round(self, st: RequestState, proposed: int, accepted: int, emitted: int) -> None:
+    def stop(self, st: RequestState) -> StopRule | None:
+        return st.policy[1].stop if st.policy is not None and st.policy[1] is not None else None
+
+    def after_round(self, st: RequestState, proposed: int, accepted: int, emitted: int,
+                    confidence: list[float] | None = None, stop_confidence: float | None = None) -> None:
         if st.policy is not None and st.policy[1] is not None:
-            self.planner.commit(st.policy[0], st.policy[1], proposed, accepted, emitted)
+            self.planner.commit(st.policy[0], st.policy[1], proposed, accepted, emitted, confidence,
+                                stop_confidence)
             st.policy[1] = None
+
+    def hooks(self) -> dict:
+        """The Scheduler's keyword arguments for this policy."""
+        return {"choose_draft_len": self.choose, "after_round": self.after_round, "draft_stop": self.stop}
 
 
 def planned_policy(runner, drafter, max_running: int) -> PlannedDraftLength:
@@ -38,4 +55,4 @@ def planned_policy(runner, drafter, max_running: int) -> PlannedDraftLength:
     sizes = tuple(b for b in (1, 2, 4, 8, 16, 32) if b <= max_running) or (1,)
     if max_running not in sizes:
         sizes += (max_running,)
-    return PlannedDraftLength(make_planner(runner, drafter, max_draft=8, batch_sizes=sizes, online=False))
+    return PlannedDraftLength(make_planner(runner, drafter, max_draft=8, batch_sizes=sizes, online=False), drafter)
