@@ -334,6 +334,25 @@ def test_first_probes_stop_once_they_keep_failing_to_pay():
     assert pl.probes_pay() > 0.9
 
 
+def test_first_probe_weighs_the_tighter_bound_by_the_chance_it_pays():
+    # acceptance ~1/3 over many requests: the workload's optimistic bound saves 0.3 ms a token, a
+    # new request's own (wide) bound 1.7 ms; and 3 recent first probes did not pay off
+    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0))
+    for i in range(40):
+        r = pl.new_request(10_000)
+        pl.commit(r, pl.plan(r), 2, int(i % 3 == 0), 1)
+    for _ in range(3):
+        r = pl.new_request(1000)
+        r.probed, r.saved_s = True, -0.1
+        pl.finish(r)
+    chance, catch_up = pl.probes_pay(), pl.draft_cost(1, 2000) - pl.draft_cost(1, 1)
+    assert 0.3 < chance < 0.45 and catch_up == pytest.approx(2.0, abs=0.01)
+    # 10k tokens: 0.3 ms x 10k = 3 s and chance x 1.7 ms x 10k = 6.5 s each exceed the 2 s catch-up,
+    # but the chance times the tighter saving, 0.38 x 3 s, does not: no first probe
+    assert pl.plan(pl.new_request(10_000), behind=2000).d == 0
+    assert pl.plan(pl.new_request(100_000), behind=2000).probe  # 11 s > 2 s: it probes
+
+
 def test_catch_up_priced_by_the_measured_long_forward():
     # without a long-forward point, 256 tokens extrapolate the k<=17 curve; with one, they cost it
     c = CostCurve({1: [10.0 + k for k in range(17)]}, prefill=(256, 100.0))
