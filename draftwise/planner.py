@@ -368,7 +368,7 @@ class Planner:
         request's own bound weighed by the chance, and the recent requests' bound checked apart,
         the chance was the only brake, and its bound never falls below ~0.16 (10 requests' worth
         of evidence at 0.9 decay): on llama.cpp prose a 0.5B draft paid a first probe's
-        catch-up (0.3-0.9 s) in 13 of the first 16 requests of a cold start."""
+        catch-up (0.3-0.9 s) in 12 of the first 16 requests of a cold start (roleplay, humanities)."""
         d_w, r_w = self._best(self.workload.upper(), d_max, n_seqs, r_plain)
         return d_w > 0 and self._catch_up_pays(req, behind, r_plain, min(r_up, r_w), self.probes_pay())
 
