@@ -192,18 +192,21 @@ class Calibration:
         self._ratio = [self.DECAY * self._ratio[0] + min(accepted, reached),
                        self.DECAY * self._ratio[1] + sum(confidence[:reached])]
         for i, c in enumerate(confidence[:reached]):
-            b = min(int(c * self.BINS), self.BINS - 1)
+            b = self._bin_of(c)
             self.n[b] += 1
             self.acc[b] += i < accepted
 
-    def _bin(self, b: int, c: float) -> float:
-        """Bin b's estimate at c: its measured share pulled towards c x scale by PSEUDO counts."""
-        return (self.acc[b] + self.PSEUDO * min(c * self.scale, 1.0)) / (self.n[b] + self.PSEUDO)
+    def _bin_of(self, c: float) -> int:
+        return min(int(c * self.BINS), self.BINS - 1)
+
+    def _bin(self, b: int, c: float, s: float) -> float:
+        """Bin b's estimate at c: its measured share pulled towards c x s (the scale) by PSEUDO counts."""
+        return (self.acc[b] + self.PSEUDO * min(c * s, 1.0)) / (self.n[b] + self.PSEUDO)
 
     def __call__(self, c: float) -> float:
         """g(c), non-decreasing: the best of this bin at c and every lower bin at its top edge."""
-        b = min(int(c * self.BINS), self.BINS - 1)
-        return max([self._bin(b, c)] + [self._bin(i, (i + 1) / self.BINS) for i in range(b)])
+        b, s = self._bin_of(c), self.scale
+        return max([self._bin(b, c, s)] + [self._bin(i, (i + 1) / self.BINS, s) for i in range(b)])
 
     def threshold(self, p: float) -> float:
         """The smallest c with g(c) >= p (a bar on acceptance -> a bar on c); > 1 when none."""
@@ -212,7 +215,7 @@ class Calibration:
         s = self.scale
         for b in range(self.BINS):
             lo, hi = b / self.BINS, (b + 1) / self.BINS
-            if self._bin(b, lo) >= p:  # (lower bins never reached p, else it returned there)
+            if self._bin(b, lo, s) >= p:  # (lower bins never reached p, else it returned there)
                 return lo
             w = self.n[b] + self.PSEUDO
             c = (p * w - self.acc[b]) / (self.PSEUDO * s)  # where this bin's line reaches p

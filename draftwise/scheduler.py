@@ -273,8 +273,8 @@ class Scheduler:
         t = time.perf_counter()
         if todo and hasattr(self.drafter, "propose_many"):
             try:
-                stop = self.draft_stop or (lambda st: None)
-                got = self.drafter.propose_many([(st.key, st.ctx, d, st.req.params, st.gen, stop(st))
+                got = self.drafter.propose_many([(st.key, st.ctx, d, st.req.params, st.gen,
+                                                  self.draft_stop(st) if self.draft_stop else None)
                                                  for st, d in todo])
             except Exception as e:  # noqa: BLE001
                 for st, _ in todo:

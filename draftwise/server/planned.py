@@ -17,8 +17,7 @@ class PlannedDraftLength:
 
     def __init__(self, planner: Planner, drafter: Drafter | None = None):
         self.planner = planner
-        self.model = drafter is not None and not drafter.cheap  # a draft model: catch-ups to price
-        self.drafter = drafter
+        self.draft_model = drafter if drafter is not None and not drafter.cheap else None  # catch-ups to price
 
     def choose(self, st: RequestState, n_running: int) -> int:
         if st.req.num_draft_tokens is not None:
@@ -27,7 +26,7 @@ class PlannedDraftLength:
             st.policy = [self.planner.new_request(st.req.max_tokens), None]
         req_plan = st.policy[0]
         req_plan.remaining = st.out.remaining
-        behind = self.drafter.pending(st.key, st.ctx) if self.model else 1
+        behind = self.draft_model.pending(st.key, st.ctx) if self.draft_model is not None else 1
         st.policy[1] = plan = self.planner.plan(req_plan, n_running, behind=behind)
         plan.behind = behind
         return plan.d
