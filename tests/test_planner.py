@@ -416,3 +416,29 @@ def test_calibration_per_bin_of_the_draft_probability():
         pl.commit(req, pl.plan(req), 4, 4, 5, [0.3] * 4)
     p = pl.plan(req)
     assert p.d >= 4 and max(p.stop.go_on[:3]) <= 0.3 and max(p.stop.keep[:4]) <= 0.3  # c < bar stops
+
+
+def test_a_deeper_position_is_tried_only_where_its_verify_cost_can_pay():
+    # torch's verify curve steps up at k = 4 (~1.8x k = 3); on prose-like acceptance D = 2 is best,
+    # and "always try one position deeper when optimism prefers a longer draft" paid k = 4 in a
+    # quarter of the rounds (13% slower than D = 2 here): exploring must be priced too
+    ms = [262, 274, 282, 508, 535, 533, 719, 722, 727, 849, 863, 858, 1007, 1001, 1015, 877, 911]
+    true = np.array([0.6, 0.6, 0.5] + [0.4] * 13)
+    pl = Planner(CostCurve({1: ms}), None, prior=0.9, max_draft=16)
+    rng = np.random.default_rng(0)
+    chosen, t, n = [], 0.0, 0
+    for _ in range(40):
+        req = pl.new_request(64)
+        while req.remaining > 1:
+            p = pl.plan(req, available=12)
+            acc = 0
+            while acc < p.d and rng.random() < true[acc]:
+                acc += 1
+            pl.commit(req, p, p.d, acc, acc + 1)
+            if p.d:
+                chosen.append(p.d)
+            else:
+                pl.shadow(req, float(rng.random() < true[0]))
+            t, n = t + ms[p.d] / 1e3, n + acc + 1
+    assert sum(d >= 3 for d in chosen) <= 0.02 * len(chosen)
+    assert n / t >= 0.97 * expected_tokens(true, 2) / ms[2] * 1e3  # D = 2's rate
