@@ -16,7 +16,7 @@ from draftwise.backends.base import ModelRunner
 from draftwise.drafters.base import Drafter, Proposal
 from draftwise.output import OutputTracker
 from draftwise.planner import Plan, Planner
-from draftwise.sampling import SamplingParams, sample, warp
+from draftwise.sampling import SamplingParams, sample, target_top, warp
 from draftwise.stats import SpecStats
 from draftwise.tokenizer import Tokenizer
 from draftwise.verify import VerifyResult, greedy_verify, rejection_sample
@@ -275,8 +275,9 @@ class Engine:
         k, t_fwd, t_draft, t_round = times
         stats.predicted_s += plan.tokens / plan.rate
         stats.predicted_plain_s += plan.tokens / plan.plain_rate
+        top = None if self.drafter.cheap else target_top(logits, len(prop.tokens), res.num_accepted)
         self.planner.commit(req, plan, len(prop.tokens), res.num_accepted, len(res.tokens), prop.confidence,
-                            prop.stop_confidence, t_round)
+                            prop.stop_confidence, t_round, top)
         if shadow is not None:  # P(accept) of the unverified token: p(x) at the plain step's position
             p = 1.0 if params.greedy and int(logits[0].argmax()) == shadow else 0.0
             if not params.greedy:

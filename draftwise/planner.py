@@ -140,16 +140,20 @@ class Acceptance:
             self.seen[proposed] += 1
             self.acc[proposed] += after
 
-    def observe_first(self, p_accept: float) -> None:
-        """A shadow observation of position 1 only (a free drafter's proposal, not verified): the
-        probability the first token would have been accepted. Only position 1's older evidence is
-        discounted: a plain stretch of shadows must not wash out what verified rounds measured
-        deeper (else a drafter whose first token is often right but whose second is wrong keeps
-        drafting long: deeper positions would fall back to borrowing from the first)."""
-        self.acc[0] *= self.forget
-        self.seen[0] *= self.forget
-        self.seen[0] += 1
-        self.acc[0] += p_accept
+    def observe_first(self, p_accept: float, depth: int = 1) -> None:
+        """A shadow observation (a proposal not verified): the probability it would have been
+        accepted, of position 1 only by default (a cheap drafter's first token). Only the
+        positions observed have their older evidence discounted: an n-gram's plain stretch of
+        shadows must not wash out what verified rounds measured deeper (else a drafter whose first
+        token is often right but whose second is wrong keeps drafting long: deeper positions would
+        fall back to borrowing from the first). depth = all positions: a draft model's shadow from
+        the target's confidence at the position (Planner.commit), which is the same event at any
+        depth (the draft agrees with the target's token given the target's own context)."""
+        n = min(depth, len(self.prior))
+        self.acc[:n] *= self.forget
+        self.seen[:n] *= self.forget
+        self.seen[:n] += 1
+        self.acc[:n] += p_accept
 
     def upper(self, z: float = 1.0) -> np.ndarray:  # [max_pos]
         """An optimistic estimate, alpha + z standard deviations of the Beta posterior: wide while
@@ -261,15 +265,17 @@ class Planner:
 
     def __init__(self, verify_curve: CostCurve, draft_curve: CostCurve | None = None,
                  prior: float | list[float] = 0.6, max_draft: int = 16, margin: float = 0.03,
-                 online: bool = True, prior_strength: float = 0.5, probe_max: int = 2):
+                 online: bool = True, prior_strength: float = 0.5, probe_max: int = 2, look_first: int = 3):
         if max_draft < 1:
             raise ValueError(f"max_draft must be >= 1, got {max_draft}")
         self.verify, self.draft = verify_curve, draft_curve
         self.max_draft, self.margin, self.online, self.probe_max = max_draft, margin, online, probe_max
+        self.look_first = look_first  # plain steps a draft model waits before paying the prompt's catch-up
         p = np.broadcast_to(np.asarray(prior, dtype=np.float64), (max_draft,)).copy()
         self.workload = Acceptance(p, strength=prior_strength, forget=0.97)  # recent requests
         self.draft_call_s = 1e-4  # cheap drafter: seconds per propose call (EMA)
         self.calib = Calibration()  # acceptance as a function of the draft's own probability
+        self.target_calib = Calibration()  # ... and of the target's own top probability at the position
         self._paid = [0.0, 0.0]  # recent requests' first probes: (discounted) paid off, all
         self.overhead_s = 0.0  # per round, besides forwards and drafting (EMA)
 
@@ -298,6 +304,8 @@ class Planner:
         if available is not None:
             d_max = min(d_max, available)
         r_plain = 1.0 / (self.verify(1, n_seqs) + self.overhead_s)
+        if self.draft is not None and behind > 1 and not any(req.plans) and len(req.plans) < self.look_first:
+            return Plan(0, r_plain, r_plain)  # look first: see commit's target_top
         alpha, up = req.acceptance.alpha(), req.acceptance.upper()  # [max_draft] each, once per round
         best_d, best_r = self._best(alpha, d_max, n_seqs, r_plain)
         if best_d == 0 and self.probe_max > 0 and self.draft is not None \
@@ -409,14 +417,27 @@ class Planner:
 
     def commit(self, req: RequestPlan, plan: Plan, proposed: int, accepted: int, emitted: int,
                confidence: list[float] | None = None, stop_confidence: float | None = None,
-               round_s: float | None = None) -> None:
+               round_s: float | None = None, target_top: list[float] | None = None) -> None:
         """After a round (or plain step): update the request's and the workload's acceptance, and
         the calibration of the draft's probabilities (over the positions the target reached).
         `stop_confidence`: after an early stop, the draft's own probability of the token it dropped,
         or of the last token it kept (a proxy for the next one, which it did not draft).
-        `round_s`: the round's measured seconds (drafting, catch-up included, and verification)."""
+        `round_s`: the round's measured seconds (drafting, catch-up included, and verification).
+        `target_top` (a draft model's request): the target's own top probability at each position
+        the step's verification reached (draftwise.sampling.target_top). A round teaches how often
+        the draft agrees with the target at that confidence (target_calib); a plain step turns it
+        into a shadow of position 1. It is the request's own evidence before its draft model has
+        run at all: a 0.5B draft paid the prompt's catch-up on every prose request after code on
+        llama.cpp (0.94-0.96x plain), since nothing in the recent requests' acceptance told a
+        writing prompt from a code prompt; the target's confidence on its first tokens does."""
         if confidence:
             self.calib.observe(confidence, accepted, min(accepted + 1, proposed, len(confidence)))
+        shadow_top = None
+        if target_top and self.draft is not None:
+            if proposed > 0:
+                self.target_calib.observe(target_top, accepted, min(accepted + 1, proposed, len(target_top)))
+            else:
+                shadow_top = self.target_calib(target_top[0])
         req.plans.append(plan.d)
         req.remaining -= emitted
         if plan.probe:
@@ -433,6 +454,9 @@ class Planner:
         elif after is not None:  # the draft dropped its first token: a shadow of position 1
             req.acceptance.observe_first(after)
             self.workload.observe_first(after)
+        elif shadow_top is not None:  # the target's confidence: a shadow of every position
+            req.acceptance.observe_first(shadow_top, self.max_draft)
+            self.workload.observe_first(shadow_top, self.max_draft)
         else:
             req.acceptance.relax()
 

@@ -62,3 +62,12 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One categorical draw from a [V] probability vector."""
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def target_top(logits: torch.Tensor, proposed: int, accepted: int) -> list[float]:
+    """The target's own top probability (raw logits, temperature 1) at each position a step's
+    verification reached: row j scored draft token j+1, so rows 0..min(accepted+1, proposed)-1,
+    or row 0 alone at a plain step. logits: [d+1, V]. The planner learns from these how often a
+    draft model agrees with the target (draftwise.planner.Planner.commit)."""
+    n = max(min(accepted + 1, proposed), 1)
+    return torch.softmax(logits[:n].float(), dim=-1).amax(dim=-1).tolist()  # [n]

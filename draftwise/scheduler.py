@@ -33,7 +33,7 @@ from draftwise.backends.base import ModelRunner
 from draftwise.drafters.base import Drafter, Proposal, StopRule
 from draftwise.engine import Chunk, GenerationResult, TokenLogprobs, check_request
 from draftwise.output import OutputTracker
-from draftwise.sampling import SamplingParams, sample, warp
+from draftwise.sampling import SamplingParams, sample, target_top, warp
 from draftwise.stats import SpecStats
 from draftwise.verify import VerifyResult, greedy_verify, rejection_sample
 
@@ -105,7 +105,8 @@ class Scheduler:
         self.max_running = min([max_running] + [r.n_seq_max for r in runners if hasattr(r, "n_seq_max")])
         self.max_queue = max_queue
         self.choose_draft_len = choose_draft_len or self.default_draft_len
-        # (state, proposed, accepted, emitted, confidence, stop_confidence): what the policy learns from
+        # (state, proposed, accepted, emitted, confidence, stop_confidence, target_top): what the policy
+        # learns from; target_top is a callable (the target's top probabilities cost a softmax per row)
         self.after_round = after_round
         self.draft_stop = draft_stop  # the request's early-stop rule for a draft model this step
         self.observer = observer or NullObserver()
@@ -260,7 +261,7 @@ class Scheduler:
             st.ctx += res.tokens
             if self.after_round is not None:
                 self.after_round(st, len(prop.tokens), res.num_accepted, len(res.tokens), prop.confidence,
-                                 prop.stop_confidence)
+                                 prop.stop_confidence, lambda: target_top(rows, len(prop.tokens), res.num_accepted))
             # row i of the verification scored emitted token i (accepted, then recovered or bonus)
             self._commit(st, res.tokens, bool(prop.tokens), _logprobs(st.req, rows[: len(res.tokens)], res.tokens))
         self.observer.phase("other", time.perf_counter() - t)

@@ -111,7 +111,7 @@ def test_online_update_rescales_curve_and_tracks_overhead():
 
 def test_draft_model_catch_up_counts_against_remaining_output():
     draft = curve(per_token_ms=1.0, first_ms=2.0)  # a catch-up of 200 tokens costs ~200 ms
-    pl = planner(per_token_ms=0.5, prior=0.9, draft=draft)
+    pl = planner(per_token_ms=0.5, prior=0.9, draft=draft, look_first=0)
     assert pl.plan(pl.new_request(400), behind=1).d > 0
     assert pl.plan(pl.new_request(400), behind=200).d > 0  # 400 tokens left: pays off
     assert pl.plan(pl.new_request(6), behind=200).d == 0  # 6 tokens left: cannot
@@ -260,7 +260,7 @@ def test_auto_needs_a_planner_and_rejects_bad_d():
 
 def test_draft_model_probes_when_uncertain_then_trusts_what_it_measured():
     # the prior says drafting does not pay; the truth is full acceptance
-    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0))
+    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0), look_first=0)
     req = pl.new_request(10_000)
     first = pl.plan(req)
     assert first.probe and 1 <= first.d <= pl.probe_max  # short: exploring costs little
@@ -281,7 +281,7 @@ def test_draft_model_probes_when_uncertain_then_trusts_what_it_measured():
 def test_first_probe_skipped_once_the_workload_shows_the_draft_does_not_pay():
     # many earlier requests measured acceptance ~1/4, where no D pays; a new request's own estimate
     # (one round's worth of that evidence) is still wide enough to call for a probe
-    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0))
+    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0), look_first=0)
     assert pl.plan(pl.new_request(10_000)).probe  # nothing seen yet: explore
     for i in range(40):
         r = pl.new_request(10_000)
@@ -292,7 +292,7 @@ def test_first_probe_skipped_once_the_workload_shows_the_draft_does_not_pay():
     assert pl.plan(req).d == 0
     # acceptance ~1/3: the workload's optimistic bound pays only a little, so a long prompt's
     # catch-up is not won back over a short request (no first probe), but is over a long one
-    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0))
+    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0), look_first=0)
     for i in range(40):
         r = pl.new_request(10_000)
         pl.commit(r, pl.plan(r), 2, int(i % 3 == 0), 1)
@@ -300,7 +300,7 @@ def test_first_probe_skipped_once_the_workload_shows_the_draft_does_not_pay():
     assert pl.plan(pl.new_request(3000), behind=2000).d == 0  # its own optimism would: 1.7 ms saved a token
     assert pl.plan(pl.new_request(100_000), behind=2000).probe
     # the same history with every draft accepted keeps drafting for new requests
-    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0))
+    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0), look_first=0)
     for _ in range(40):
         r = pl.new_request(10_000)
         pl.commit(r, pl.plan(r), 2, 2, 3)
@@ -321,7 +321,7 @@ def test_first_probes_stop_once_they_keep_failing_to_pay():
                 pl.commit(r, Plan(2, 1.0, 1.0), 0, 0, 3, round_s=spec_round_s)
         pl.finish(r)
         return p.probe
-    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0))
+    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0), look_first=0)
     probed = [request(pl, 0.029) for _ in range(12)]  # 1 ms saved a round: 20 ms, not 490
     assert all(probed[:3]) and sum(probed[-6:]) <= 2, probed
     assert pl.plan(pl.new_request(1000), behind=1).probe  # a probe without a catch-up still runs
@@ -329,7 +329,7 @@ def test_first_probes_stop_once_they_keep_failing_to_pay():
         pl.finish(pl.new_request(1000))
     assert pl.plan(pl.new_request(1000), behind=500).probe
     # first probes whose requests then save more than the catch-up keep being paid for
-    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0))
+    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0), look_first=0)
     assert all(request(pl, 0.005) for _ in range(12))  # 25 ms saved a round: 0.5 s over the request
     assert pl.probes_pay() > 0.9
 
@@ -337,7 +337,7 @@ def test_first_probes_stop_once_they_keep_failing_to_pay():
 def test_first_probe_weighs_the_tighter_bound_by_the_chance_it_pays():
     # acceptance ~1/3 over many requests: the workload's optimistic bound saves 0.3 ms a token, a
     # new request's own (wide) bound 1.7 ms; and 3 recent first probes did not pay off
-    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0))
+    pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0), look_first=0)
     for i in range(40):
         r = pl.new_request(10_000)
         pl.commit(r, pl.plan(r), 2, int(i % 3 == 0), 1)
@@ -442,3 +442,40 @@ def test_a_deeper_position_is_tried_only_where_its_verify_cost_can_pay():
             t, n = t + ms[p.d] / 1e3, n + acc + 1
     assert sum(d >= 3 for d in chosen) <= 0.02 * len(chosen)
     assert n / t >= 0.97 * expected_tokens(true, 2) / ms[2] * 1e3  # D = 2's rate
+
+
+def test_a_draft_model_looks_at_the_targets_confidence_before_paying_the_prompts_catch_up():
+    # llama.cpp-like: the 0.5B draft costs ~0.45 of a 1.5B step and its catch-up on a prompt
+    # ~0.3 s, so on prose (acceptance ~0.6) no D pays; after code requests, the recent requests'
+    # acceptance alone said "speculate" and every prose request paid a catch-up
+    target = CostCurve({1: [94, 127, 161, 196, 224, 251, 275, 287, 288, 291, 292, 288, 296, 300, 303, 308, 397]})
+    draft = CostCurve({1: [43, 48, 54, 61, 84, 91, 100, 99, 119, 124, 127, 117, 144, 153, 161, 170, 188]}, (80, 300.0))
+
+    def run(pl, top, accept, n=128):  # one request; returns the D of each step
+        req, ds, behind = pl.new_request(n), [], 81
+        while req.remaining > 1:
+            p = pl.plan(req, available=req.remaining - 1, behind=behind)
+            acc = 0
+            while acc < p.d and accept[acc]:
+                acc += 1
+            reached = min(acc + 1, p.d)
+            pl.commit(req, p, p.d, acc, acc + 1, [0.9] * p.d if p.d else None,
+                      target_top=[top] * max(reached, 1) if top is not None else None)
+            behind = 1 if p.d else behind + 1
+            ds.append(p.d)
+        return ds
+
+    code, prose = [True] * 16, [True, False] * 8
+    for use_top in (False, True):
+        pl = Planner(target, draft, prior=0.6, max_draft=16, look_first=3 if use_top else 0)
+        for _ in range(6):
+            ds = run(pl, 0.95 if use_top else None, code)
+        assert ds[:4] == [0, 0, 0, 15] if use_top else ds[0] > 0  # look first, then draft: code pays
+        assert sum(ds) >= 100
+        ds = run(pl, 0.45 if use_top else None, prose)
+        if use_top:  # the target's low confidence on its first tokens: no catch-up paid, no round
+            assert not any(ds)
+        else:  # the recent requests' acceptance alone (the old behaviour): it pays a catch-up
+            assert any(ds)
+    code_after = run(pl, 0.95, code)  # and code after prose drafts again once it has looked
+    assert code_after[:3] == [0, 0, 0] and sum(code_after) >= 100

@@ -35,10 +35,14 @@ class PlannedDraftLength:
         return st.policy[1].stop if st.policy is not None and st.policy[1] is not None else None
 
     def after_round(self, st: RequestState, proposed: int, accepted: int, emitted: int,
-                    confidence: list[float] | None = None, stop_confidence: float | None = None) -> None:
+                    confidence: list[float] | None = None, stop_confidence: float | None = None,
+                    target_top=None) -> None:
+        """`target_top`: a callable for the target's top probabilities (draftwise.sampling.target_top),
+        computed only for a draft model (an n-gram's shadow is its own proposal)."""
         if st.policy is not None and st.policy[1] is not None:
+            top = target_top() if target_top is not None and self.draft_model is not None else None
             self.planner.commit(st.policy[0], st.policy[1], proposed, accepted, emitted, confidence,
-                                stop_confidence)
+                                stop_confidence, target_top=top)
             st.policy[1] = None
 
     def hooks(self) -> dict:
