@@ -4,6 +4,11 @@ D of the same category, with bootstrap 95% intervals, the planner's predicted sp
 output check.
 
     .venv/bin/python benchmarks/report_planner.py results/planner_llama > docs/data/planner_llama.md
+
+With a second directory (an earlier run of the same prompts), fixed-D configurations this run
+lacks are taken from that one, each as a speedup over *its own run's* plain decoding, marked `*`
+(a ratio of ratios across runs: noisier than side by side, and labelled so; the "all" row
+compares like with like only when both runs hold the same prompts).
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ def _ci(r) -> str:
     return f"{r.speedup:.2f} [{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]"
 
 
-def main(path: str) -> None:
+def main(path: str, fixed_from: str | None = None) -> None:
     s = summarise(path)
     rows = defaultdict(dict)  # scope -> config -> Row
     for r in s.rows:
@@ -30,6 +35,12 @@ def main(path: str) -> None:
             rows[r.scope][r.config] = r
     drafters = sorted({c.split(":")[0] for c in rows["all"] if ":" in c})
     scopes = [sc for sc in rows if sc.startswith("category:")] + ["all"]
+    if fixed_from is not None:  # fixed D this run lacks, from the earlier run: "<drafter>:<D>*"
+        for r in summarise(fixed_from).rows:
+            d = r.config.split(":")
+            if r.concurrency == 1 and r.scope in scopes and len(d) == 2 and d[1].isdigit() \
+                    and r.config not in rows[r.scope]:
+                rows[r.scope][r.config + "*"] = r
     print(f"output check: {len(s.mismatches)} of {s.checked} outputs differ from plain decoding\n")
     for d in drafters:
         print(f"### {d}\n")
@@ -42,16 +53,16 @@ def main(path: str) -> None:
             fixed = {c: r for c, r in cfg.items() if c.startswith(f"{d}:") and c != f"{d}:auto"}
             if auto is None or not fixed or "plain" not in cfg:
                 continue
-            best = max(fixed.values(), key=lambda r: r.speedup or 0)
+            best_name, best = max(fixed.items(), key=lambda kv: kv[1].speedup or 0)
             ratio = auto.speedup / best.speedup if best.speedup else None
             plain_share = _plain_share(path, d, sc)
             print(f"| {sc.removeprefix('category:')} | {cfg['plain'].tokens_per_s:.2f} | {_ci(auto)} | "
-                  f"{auto.predicted_speedup or 0:.2f} | {best.config.split(':')[1]} | {_ci(best)} | "
+                  f"{auto.predicted_speedup or 0:.2f} | {best_name.split(':')[1]} | {_ci(best)} | "
                   f"{ratio:.3f} | {'yes' if auto.speedup >= 0.97 else 'NO'} | "
                   f"{'yes' if ratio >= 0.95 else 'NO'} | {plain_share} |")
         print()
         fixed_names = sorted({c for c in rows["all"] if c.startswith(f"{d}:") and c != f"{d}:auto"},
-                             key=lambda c: int(c.split(":")[1]))
+                             key=lambda c: int(c.split(":")[1].rstrip("*")))
         print("| category | " + " | ".join(fixed_names) + " |")
         print("|---|" + "---|" * len(fixed_names))
         for sc in scopes:
@@ -84,4 +95,6 @@ def _plain_share(path: str, drafter: str, scope: str) -> str:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if len(sys.argv) not in (2, 3):
+        sys.exit("usage: report_planner.py RESULTS_DIR [EARLIER_RUN_FOR_FIXED_D]")
+    main(*sys.argv[1:])
