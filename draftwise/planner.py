@@ -426,7 +426,7 @@ class Planner:
         `target_top` (a draft model's request): the target's own top probability at each position
         the step's verification reached (draftwise.sampling.target_top). A round teaches how often
         the draft agrees with the target at that confidence (target_calib); a plain step turns it
-        into a shadow of position 1. It is the request's own evidence before its draft model has
+        into a shadow of every position (Acceptance.observe_first). It is the request's own evidence before its draft model has
         run at all: a 0.5B draft paid the prompt's catch-up on every prose request after code on
         llama.cpp (0.94-0.96x plain), since nothing in the recent requests' acceptance told a
         writing prompt from a code prompt; the target's confidence on its first tokens does."""
