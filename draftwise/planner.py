@@ -140,7 +140,7 @@ class Acceptance:
             self.seen[proposed] += 1
             self.acc[proposed] += after
 
-    def observe_first(self, p_accept: float, depth: int = 1) -> None:
+    def observe_shadow(self, p_accept: float, depth: int = 1) -> None:
         """A shadow observation (a proposal not verified): the probability it would have been
         accepted, of position 1 only by default (a cheap drafter's first token). Only the
         positions observed have their older evidence discounted: an n-gram's plain stretch of
@@ -426,10 +426,10 @@ class Planner:
         `target_top` (a draft model's request): the target's own top probability at each position
         the step's verification reached (draftwise.sampling.target_top). A round teaches how often
         the draft agrees with the target at that confidence (target_calib); a plain step turns it
-        into a shadow of every position (Acceptance.observe_first). It is the request's own evidence before its draft model has
-        run at all: a 0.5B draft paid the prompt's catch-up on every prose request after code on
-        llama.cpp (0.94-0.96x plain), since nothing in the recent requests' acceptance told a
-        writing prompt from a code prompt; the target's confidence on its first tokens does."""
+        into a shadow of every position (Acceptance.observe_shadow): the request's own evidence
+        before its draft model has run at all (a 0.5B draft paid the prompt's catch-up on every
+        prose request after code on llama.cpp, since nothing in the recent requests' acceptance
+        told a writing prompt from a code prompt)."""
         if confidence:
             self.calib.observe(confidence, accepted, min(accepted + 1, proposed, len(confidence)))
         shadow_top = None
@@ -452,19 +452,19 @@ class Planner:
             req.acceptance.observe(proposed, accepted, after)
             self.workload.observe(proposed, accepted, after)
         elif after is not None:  # the draft dropped its first token: a shadow of position 1
-            req.acceptance.observe_first(after)
-            self.workload.observe_first(after)
+            req.acceptance.observe_shadow(after)
+            self.workload.observe_shadow(after)
         elif shadow_top is not None:  # the target's confidence: a shadow of every position
-            req.acceptance.observe_first(shadow_top, self.max_draft)
-            self.workload.observe_first(shadow_top, self.max_draft)
+            req.acceptance.observe_shadow(shadow_top, self.max_draft)
+            self.workload.observe_shadow(shadow_top, self.max_draft)
         else:
             req.acceptance.relax()
 
     def shadow(self, req: RequestPlan, p_accept: float) -> None:
         """A cheap drafter's unverified first token, scored against the plain step's target
         probabilities: keeps the acceptance estimate alive while D = 0."""
-        req.acceptance.observe_first(p_accept)
-        self.workload.observe_first(p_accept)
+        req.acceptance.observe_shadow(p_accept)
+        self.workload.observe_shadow(p_accept)
 
     def observe_times(self, k: int, n_seqs: int, forward_s: float, d: int, behind: int, draft_s: float,
                       overhead_s: float) -> None:
