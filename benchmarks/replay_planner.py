@@ -1,0 +1,49 @@
+"""Replay a draft model's planner (draftwise.replay) on a run's teacher-forced traces
+(benchmarks/trace_agreement.py), in the run's order, one planner for all requests as in the
+bench; prints per category the speedup over plain decoding of auto and fixed D = 2, 4, 8 under the
+cost curves given, how many requests speculated and how many rounds caught up on > 1 token.
+
+    .venv/bin/python benchmarks/replay_planner.py results/traces_llama.jsonl \
+        docs/data/profile_qwen2.5-coder-1.5b_llama.json docs/data/profile_qwen2.5-coder-0.5b_llama.json
+"""
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+
+from draftwise.build import MARGINS, PRIORS
+from draftwise.planner import CostCurve, Planner
+from draftwise.profile import ProfileResult
+from draftwise.replay import replay
+
+
+def curve(path: str) -> CostCurve:
+    return CostCurve.from_profile(ProfileResult.load(path))
+
+
+def main(traces: str, target_profile: str, draft_profile: str, **kw) -> dict:
+    trs = sorted((json.loads(x) for x in open(traces)), key=lambda r: r["order"])
+    vt, dt = curve(target_profile), curve(draft_profile)
+    kw.setdefault("margin", MARGINS["model"])
+    planner = Planner(vt, dt, prior=PRIORS["model"], max_draft=16, online=False, **kw)
+    cats: dict[str, list] = defaultdict(list)
+    for tr in trs:
+        plain = vt.raw(tr["prompt_tokens"]) + (len(tr["tokens"]) - 1) * vt.raw(1)
+        auto, c = replay(tr, planner)
+        fixed = {D: replay(tr, planner, D)[0] for D in (2, 4, 8)}
+        cats[tr["category"]].append((plain, auto, fixed, c))
+    res = {}
+    print(f"{'category':14} {'auto':>6} {'D=2':>6} {'D=4':>6} {'D=8':>6}  spec'd  catch-ups")
+    for cat, rows in cats.items():
+        P = sum(r[0] for r in rows)
+        sp = {"auto": P / sum(r[1] for r in rows)} | {D: P / sum(r[2][D] for r in rows) for D in (2, 4, 8)}
+        spec = sum(r[3].get("rounds", 0) > 0 for r in rows)
+        cu = sum(r[3].get("catch_up", 0) for r in rows)
+        print(f"{cat:14} {sp['auto']:6.3f} {sp[2]:6.3f} {sp[4]:6.3f} {sp[8]:6.3f}  {spec:2}/{len(rows):<3}  {cu}")
+        res[cat] = sp
+    return res
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

@@ -1,0 +1,67 @@
+"""Replay the planner offline on a teacher-forced trace of one greedy request.
+
+A trace (benchmarks/trace_agreement.py writes them) holds, per output position t, the target's
+token and top probability and the draft model's argmax and its own probability, all scored on the
+target's output. Greedy acceptance of any round is then known: a draft started at t is accepted
+up to the first position where the draft's argmax differs from the target's token (accepted tokens
+are the target's, so the draft's context is the one it was scored in). The request runs as the
+engine runs it for a draft model (plan -> draft with the plan's early stop -> verify -> commit, the
+draft model catching up on what it has not seen), with seconds from the planner's cost curves, so
+a planner change is judged on a whole run's prompts in seconds, under the cost model (the bench
+measures the cost model's own error).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from draftwise.planner import Planner
+
+
+def replay(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128) -> tuple[float, dict]:
+    """Seconds to emit the trace's tokens (target prefill included), and counts."""
+    out, n, L0 = tr["tokens"], len(tr["tokens"]), tr["prompt_tokens"]
+    secs = planner.verify.raw(L0)
+    t, fed = 1, 0  # tokens emitted (the first by the prefill); context tokens in the draft KV
+    req = planner.new_request(max_tokens) if not fixed else None
+    c = defaultdict(int)
+    while t < n:
+        L, room = L0 + t, n - t - 1
+        behind = L - fed
+        if req is not None:
+            plan = planner.plan(req, 1, available=room, behind=behind)
+            d, stop = plan.d, plan.stop
+        else:
+            d, stop, plan = min(fixed, room), None, None
+        toks, confs, forwards, stop_conf, dropped = [], [], 0, None, False
+        for i in range(d):
+            conf = tr["draft_top"][t + i]
+            forwards += 1
+            if stop is not None and i < len(stop.keep) and conf < stop.keep[i]:
+                stop_conf, dropped = conf, True
+                break
+            toks.append(tr["draft_argmax"][t + i])
+            confs.append(conf)
+            if len(toks) < d and stop is not None and i < len(stop.go_on) and conf < stop.go_on[i]:
+                stop_conf = conf
+                break
+        a = 0
+        while a < len(toks) and toks[a] == out[t + a]:
+            a += 1
+        draft_s = planner.draft.raw(behind) + (forwards - 1) * planner.draft.raw(1) if forwards else 0.0
+        round_s = draft_s + planner.verify.raw(len(toks) + 1)
+        emitted = min(a + 1, n - t)
+        if forwards:
+            fed = L + min(a, len(toks) - (0 if dropped else 1))
+        if req is not None:
+            top = tr["target_top"][t:t + max(min(a + 1, len(toks)), 1)]
+            planner.commit(req, plan, len(toks), a, emitted, confs if stop else None, stop_conf, round_s, top)
+        secs += round_s
+        c["rounds" if toks else "plain"] += 1
+        c["proposed"] += len(toks)
+        c["accepted"] += a
+        c["catch_up"] += behind > 2 and forwards > 0  # more than a fully accepted round leaves
+        t += emitted
+    if req is not None:
+        planner.finish(req)
+    return secs, dict(c)
+

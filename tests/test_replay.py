@@ -1,0 +1,52 @@
+"""The offline replay of the planner (draftwise.replay) on hand-built teacher-forced traces."""
+import pytest
+
+from draftwise.build import MARGINS, PRIORS
+from draftwise.planner import CostCurve, Planner
+from draftwise.replay import replay
+
+# llama.cpp-like curves (ms, k = 1..17): a 0.5B draft step costs ~0.45 of a 1.5B target step
+VERIFY = [94, 127, 161, 196, 224, 252, 275, 287, 288, 291, 292, 288, 296, 300, 303, 308, 397]
+DRAFT = [42, 48, 54, 61, 84, 91, 100, 99, 119, 124, 127, 118, 144, 153, 161, 170, 188]
+
+
+def trace(agree: list[bool], prompt: int = 40) -> dict:
+    """Output tokens 0..n-1; the draft's argmax is the target's token where `agree`, else -1."""
+    return {"tokens": list(range(len(agree))), "prompt_tokens": prompt,
+            "draft_argmax": [t if a else -1 for t, a in enumerate(agree)],
+            "draft_top": [0.9 if a else 0.4 for a in agree], "target_top": [0.95 if a else 0.5 for a in agree]}
+
+
+def planner(**kw) -> Planner:
+    return Planner(CostCurve({1: VERIFY}, (256, 1645.0)), CostCurve({1: DRAFT}, (256, 1029.0)),
+                   prior=PRIORS["model"], online=False, **kw)
+
+
+def plain_s(pl: Planner, tr: dict) -> float:
+    return pl.verify.raw(tr["prompt_tokens"]) + (len(tr["tokens"]) - 1) * pl.verify.raw(1)
+
+
+def test_fixed_d_replays_acceptance_and_catch_up_by_hand():
+    pl = planner()
+    tr = trace([True, True, False, True, True, True, True, True])
+    secs, c = replay(tr, pl, fixed=2)
+    # t=1: positions 1, 2 drafted, 2 rejected (1 accepted, 2 emitted); t=3: 3, 4 accepted (3
+    # emitted); t=6: one position of room, accepted (2 emitted) -> t=8, done
+    assert (c["rounds"], c["proposed"], c["accepted"], c.get("plain", 0)) == (3, 5, 4, 0)
+    d, v = pl.draft.raw, pl.verify.raw
+    # the first round's draft catches up on the prompt and the first token (41 tokens); later it
+    # feeds what it has not seen: the recovered token (1) after one accepted of two, the last
+    # draft token and the bonus (2) after two of two (its last proposal is never fed)
+    want = v(40) + (d(41) + d(1) + v(3)) + (d(1) + d(1) + v(3)) + (d(2) + v(2))
+    assert secs == pytest.approx(want)
+
+
+def test_auto_drafts_where_the_draft_agrees_and_stays_plain_where_it_never_does():
+    pl = planner(margin=MARGINS["model"])
+    code = [trace([True] * 128) for _ in range(3)]
+    speed = [plain_s(pl, tr) / replay(tr, pl)[0] for tr in code]
+    assert min(speed) > 1.3  # long drafts, all accepted
+    never = [trace([True] * 3 + [False] * 125) for _ in range(3)]  # confident opener, then nothing
+    outs = [replay(tr, pl) for tr in never]
+    assert all(plain_s(pl, tr) / s > 0.95 for tr, (s, _) in zip(never, outs))
+    assert outs[-1][1].get("rounds", 0) <= 2  # at most a probe once rejections are known
