@@ -1,4 +1,5 @@
-"""Replay a draft model's planner (draftwise.replay) on a run's teacher-forced traces
+"""Replay the planner of a draft model or, without its profile, of the n-gram drafter
+(draftwise.replay) on a run's teacher-forced traces
 (benchmarks/trace_agreement.py), in the run's order, one planner for all requests as in the
 bench; prints per category the speedup over plain decoding of auto and fixed D = 2, 4, 8 under the
 cost curves given, how many requests speculated and how many rounds caught up on > 1 token.
@@ -15,23 +16,27 @@ from collections import defaultdict
 from draftwise.build import MARGINS, PRIORS
 from draftwise.planner import CostCurve, Planner
 from draftwise.profile import ProfileResult
-from draftwise.replay import replay
+from draftwise.replay import replay, replay_ngram
 
 
 def curve(path: str) -> CostCurve:
     return CostCurve.from_profile(ProfileResult.load(path))
 
 
-def main(traces: str, target_profile: str, draft_profile: str, **kw) -> dict:
+def main(traces: str, target_profile: str, draft_profile: str | None = None, **kw) -> dict:
+    """Without a draft model's profile, the n-gram drafter (prompt lookup, n = 2..4)."""
     trs = sorted((json.loads(x) for x in open(traces)), key=lambda r: r["order"])
-    vt, dt = curve(target_profile), curve(draft_profile)
-    kw.setdefault("margin", MARGINS["model"])
-    planner = Planner(vt, dt, prior=PRIORS["model"], max_draft=16, online=False, **kw)
+    vt, dt = curve(target_profile), (curve(draft_profile) if draft_profile else None)
+    name = "model" if dt else "ngram"
+    run = replay if dt else replay_ngram
+    kw.setdefault("margin", MARGINS[name])
+    prior = PRIORS[name] + [PRIORS[name][-1]] * (16 - len(PRIORS[name]))
+    planner = Planner(vt, dt, prior=prior, max_draft=16, online=False, **kw)
     cats: dict[str, list] = defaultdict(list)
     for tr in trs:
         plain = vt.raw(tr["prompt_tokens"]) + (len(tr["tokens"]) - 1) * vt.raw(1)
-        auto, c = replay(tr, planner)
-        fixed = {D: replay(tr, planner, D)[0] for D in (2, 4, 8)}
+        auto, c = run(tr, planner)
+        fixed = {D: run(tr, planner, D)[0] for D in (2, 4, 8)}
         cats[tr["category"]].append((plain, auto, fixed, c))
     res = {}
     print(f"{'category':14} {'auto':>6} {'D=2':>6} {'D=4':>6} {'D=8':>6}  spec'd  catch-ups")
@@ -46,4 +51,4 @@ def main(traces: str, target_profile: str, draft_profile: str, **kw) -> dict:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:4])  # TRACES TARGET_PROFILE [DRAFT_PROFILE]

@@ -32,7 +32,7 @@ def main(run: str, out: str, target: str = "qwen2.5-coder-1.5b", draft: str = "q
             ids, outp = prompts[r["prompt_id"]].token_ids(tok), r["token_ids"]
             feed, n = ids + outp[:-1], len(outp)
             rec = {"prompt_id": r["prompt_id"], "category": r["category"], "order": r["order"],
-                   "prompt_tokens": len(ids), "tokens": outp}
+                   "prompt_tokens": len(ids), "prompt_ids": ids, "tokens": outp}
             for name, m in (("target", tgt), ("draft", drf)):
                 s = m.new_sequence()
                 p = torch.softmax(m.forward([s], [feed], [n])[0].float(), -1)  # [n, V]

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
+
+from draftwise.drafters.ngram import ngram_propose
 from draftwise.planner import Planner
 
 
@@ -65,3 +68,37 @@ def replay(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128) ->
         planner.finish(req)
     return secs, dict(c)
 
+
+
+def replay_ngram(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128,
+                 min_n: int = 2, max_n: int = 4) -> tuple[float, dict]:
+    """replay() for the n-gram drafter (needs the trace's prompt_ids): its proposal is a function
+    of the context alone, so each step proposes as the engine does (up to max_draft, the planner
+    then choosing how many to verify; its unverified first token a shadow at a plain step)."""
+    out, n, L0 = tr["tokens"], len(tr["tokens"]), tr["prompt_tokens"]
+    ctx = np.asarray(tr["prompt_ids"] + out, dtype=np.int64)  # [L0 + n]
+    secs, t, c = planner.verify.raw(L0), 1, defaultdict(int)
+    req = planner.new_request(max_tokens) if not fixed else None
+    while t < n:
+        room = n - t - 1
+        want = min(fixed, room) if fixed else min(planner.max_draft, room)
+        cand = ngram_propose(ctx[:L0 + t], min_n, max_n, want).tolist()
+        plan = planner.plan(req, 1, available=len(cand)) if req is not None else None
+        toks = cand[:plan.d] if plan is not None else cand
+        a = 0
+        while a < len(toks) and toks[a] == out[t + a]:
+            a += 1
+        emitted = min(a + 1, n - t)
+        round_s = planner.draft_call_s + planner.verify.raw(len(toks) + 1)  # it proposes every step
+        if req is not None:
+            planner.commit(req, plan, len(toks), a, emitted, round_s=round_s)
+            if cand and not toks:  # the unverified first token against the plain step's token
+                planner.shadow(req, float(cand[0] == out[t]))
+        secs += round_s
+        c["rounds" if toks else "plain"] += 1
+        c["proposed"] += len(toks)
+        c["accepted"] += a
+        t += emitted
+    if req is not None:
+        planner.finish(req)
+    return secs, dict(c)

@@ -3,7 +3,7 @@ import pytest
 
 from draftwise.build import MARGINS, PRIORS
 from draftwise.planner import CostCurve, Planner
-from draftwise.replay import replay
+from draftwise.replay import replay, replay_ngram
 
 # llama.cpp-like curves (ms, k = 1..17): a 0.5B draft step costs ~0.45 of a 1.5B target step
 VERIFY = [94, 127, 161, 196, 224, 252, 275, 287, 288, 291, 292, 288, 296, 300, 303, 308, 397]
@@ -50,3 +50,16 @@ def test_auto_drafts_where_the_draft_agrees_and_stays_plain_where_it_never_does(
     outs = [replay(tr, pl) for tr in never]
     assert all(plain_s(pl, tr) / s > 0.95 for tr, (s, _) in zip(never, outs))
     assert outs[-1][1].get("rounds", 0) <= 2  # at most a probe once rejections are known
+
+
+def test_ngram_replay_proposes_from_the_context_by_hand():
+    pl = Planner(CostCurve({1: VERIFY}), None, prior=PRIORS["ngram"], online=False)
+    tr = {"prompt_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2], "prompt_tokens": 11, "tokens": [3, 4, 5, 6, 7, 0, 0, 0]}
+    secs, c = replay_ngram(tr, pl, fixed=4)
+    # t=1: context ...1 2 3 -> "2 3" occurred before, proposes 4 5 6 7, all accepted, bonus 0 -> t=6;
+    # t=6: "7 0" never occurred: plain; t=7: no room left: plain
+    assert (c["rounds"], c["proposed"], c["accepted"], c["plain"]) == (1, 4, 4, 2)
+    v = pl.verify.raw
+    assert secs == pytest.approx(v(11) + v(5) + 2 * v(1) + 3 * pl.draft_call_s)
+    auto_s, auto_c = replay_ngram(tr, pl)
+    assert auto_c["accepted"] >= 3 and auto_s < v(11) + 7 * v(1)  # auto drafts (its own D) and gains
