@@ -47,9 +47,7 @@ def replay(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128) ->
             if len(toks) < d and stop is not None and i < len(stop.go_on) and conf < stop.go_on[i]:
                 stop_conf = conf
                 break
-        a = 0
-        while a < len(toks) and toks[a] == out[t + a]:
-            a += 1
+        a = _accepted(toks, out, t)
         draft_s = planner.draft.raw(behind) + (forwards - 1) * planner.draft.raw(1) if forwards else 0.0
         round_s = draft_s + planner.verify.raw(len(toks) + 1)
         emitted = min(a + 1, n - t)
@@ -69,7 +67,6 @@ def replay(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128) ->
     return secs, dict(c)
 
 
-
 def replay_ngram(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128,
                  min_n: int = 2, max_n: int = 4) -> tuple[float, dict]:
     """replay() for the n-gram drafter (needs the trace's prompt_ids): its proposal is a function
@@ -85,9 +82,7 @@ def replay_ngram(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 1
         cand = ngram_propose(ctx[:L0 + t], min_n, max_n, want).tolist()
         plan = planner.plan(req, 1, available=len(cand)) if req is not None else None
         toks = cand[:plan.d] if plan is not None else cand
-        a = 0
-        while a < len(toks) and toks[a] == out[t + a]:
-            a += 1
+        a = _accepted(toks, out, t)
         emitted = min(a + 1, n - t)
         round_s = planner.draft_call_s + planner.verify.raw(len(toks) + 1)  # it proposes every step
         if req is not None:
@@ -102,3 +97,11 @@ def replay_ngram(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 1
     if req is not None:
         planner.finish(req)
     return secs, dict(c)
+
+
+def _accepted(draft: list[int], out: list[int], t: int) -> int:
+    """Greedy acceptance: draft tokens equal to the target's tokens from position t on."""
+    a = 0
+    while a < len(draft) and draft[a] == out[t + a]:
+        a += 1
+    return a
