@@ -13,7 +13,7 @@ import json
 import sys
 from collections import defaultdict
 
-from draftwise.build import MARGINS, PRIORS
+from draftwise.build import PRIORS, margin_for
 from draftwise.planner import CostCurve, Planner
 from draftwise.profile import ProfileResult
 from draftwise.replay import replay, replay_ngram
@@ -29,7 +29,7 @@ def main(traces: str, target_profile: str, draft_profile: str | None = None, **k
     vt, dt = curve(target_profile), (curve(draft_profile) if draft_profile else None)
     name = "model" if dt else "ngram"
     run = replay if dt else replay_ngram
-    kw.setdefault("margin", MARGINS[name])
+    kw.setdefault("margin", margin_for(vt, dt))
     prior = PRIORS[name] + [PRIORS[name][-1]] * (16 - len(PRIORS[name]))
     planner = Planner(vt, dt, prior=prior, max_draft=16, online=False, **kw)
     cats: dict[str, list] = defaultdict(list)

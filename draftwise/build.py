@@ -74,11 +74,20 @@ def build_engine(spec: EngineSpec, target=None):
 # their first token and right after it; a same-family draft model is right more often than not
 PRIORS = {"ngram": [0.4] + [0.75] * 15, "model": [0.65] * 16}
 # how much a round's predicted rate must beat a plain step's (Planner.margin). A request's acceptance
-# estimate is a short-memory average, and a round is chosen exactly when it is high, so rounds
-# realise less than predicted; a draft model's wrong round costs D draft forwards besides the
-# verify, so it needs the wider margin. Chosen by replaying the planner on teacher-forced traces
-# of the llama.cpp issue-scale run (benchmarks/replay_planner.py; docs/planner.md)
-MARGINS = {"ngram": 0.03, "model": 0.15}
+# estimate is a short-memory average and a round is chosen exactly when it is high, so rounds
+# realise less than predicted; a wrong round of a draft model also costs its draft forwards, so
+# its margin grows with a draft step's cost relative to a target step: 1/3 of that ratio (0.15 on
+# llama.cpp, 0.45; 0.11 on torch, 0.34). Chosen by replaying the planner on teacher-forced traces
+# (benchmarks/replay_planner.py; docs/planner.md); a flat 0.15 forwent torch's 15-18% on prose
+MARGIN = 0.03
+MARGIN_PER_DRAFT_STEP = 1 / 3
+
+
+def margin_for(verify, draft) -> float:
+    """Planner.margin for a target curve and a draft model's curve (None: a cheap drafter)."""
+    if draft is None:
+        return MARGIN
+    return max(MARGIN, MARGIN_PER_DRAFT_STEP * draft.raw(1) / verify.raw(1))
 
 
 def make_planner(runner, drafter, max_draft: int = 16, batch_sizes=(1,), log=print, **kw) -> Planner:
@@ -96,7 +105,7 @@ def make_planner(runner, drafter, max_draft: int = 16, batch_sizes=(1,), log=pri
         draft = CostCurve.from_profile(cached_profile(drafter.runner, (1,), range(1, 18), log=log))
     prior = PRIORS.get(drafter.name, [0.6] * max_draft)[:max_draft]
     prior += [prior[-1]] * (max_draft - len(prior))
-    kw.setdefault("margin", MARGINS.get(drafter.name, 0.03))
+    kw.setdefault("margin", margin_for(verify, draft))
     return Planner(verify, draft, prior=prior, max_draft=max_draft, **kw)
 
 
