@@ -2,7 +2,8 @@
 (draftwise.replay) on a run's teacher-forced traces
 (benchmarks/trace_agreement.py), in the run's order, one planner for all requests as in the
 bench; prints per category the speedup over plain decoding of auto and fixed D = 2, 4, 8 under the
-cost curves given, how many requests speculated and how many rounds caught up on > 1 token.
+cost curves given, how many requests speculated and how many rounds caught up on more than the
+two tokens a fully accepted round leaves (after plain steps: the prompt or the skipped tokens).
 
     .venv/bin/python benchmarks/replay_planner.py results/traces_llama.jsonl \
         docs/data/profile_qwen2.5-coder-1.5b_llama.json docs/data/profile_qwen2.5-coder-0.5b_llama.json
@@ -13,7 +14,7 @@ import json
 import sys
 from collections import defaultdict
 
-from draftwise.build import PRIORS, margin_for
+from draftwise.build import margin_for, prior_for
 from draftwise.planner import CostCurve, Planner
 from draftwise.profile import ProfileResult
 from draftwise.replay import replay, replay_ngram
@@ -30,8 +31,7 @@ def main(traces: str, target_profile: str, draft_profile: str | None = None, **k
     name = "model" if dt else "ngram"
     run = replay if dt else replay_ngram
     kw.setdefault("margin", margin_for(vt, dt))
-    prior = PRIORS[name] + [PRIORS[name][-1]] * (16 - len(PRIORS[name]))
-    planner = Planner(vt, dt, prior=prior, max_draft=16, online=False, **kw)
+    planner = Planner(vt, dt, prior=prior_for(name, 16), max_draft=16, online=False, **kw)
     cats: dict[str, list] = defaultdict(list)
     for tr in trs:
         plain = vt.raw(tr["prompt_tokens"]) + (len(tr["tokens"]) - 1) * vt.raw(1)

@@ -83,6 +83,12 @@ MARGIN = 0.03
 MARGIN_PER_DRAFT_STEP = 1 / 3
 
 
+def prior_for(drafter: str, max_draft: int) -> list[float]:
+    """PRIORS for positions 1..max_draft (the last value repeated past the table)."""
+    prior = PRIORS.get(drafter, [0.6] * max_draft)[:max_draft]
+    return prior + [prior[-1]] * (max_draft - len(prior))
+
+
 def margin_for(verify, draft) -> float:
     """Planner.margin for a target curve and a draft model's curve (None: a cheap drafter)."""
     if draft is None:
@@ -103,10 +109,8 @@ def make_planner(runner, drafter, max_draft: int = 16, batch_sizes=(1,), log=pri
     draft = None
     if not drafter.cheap:
         draft = CostCurve.from_profile(cached_profile(drafter.runner, (1,), range(1, 18), log=log))
-    prior = PRIORS.get(drafter.name, [0.6] * max_draft)[:max_draft]
-    prior += [prior[-1]] * (max_draft - len(prior))
     kw.setdefault("margin", margin_for(verify, draft))
-    return Planner(verify, draft, prior=prior, max_draft=max_draft, **kw)
+    return Planner(verify, draft, prior=prior_for(drafter.name, max_draft), max_draft=max_draft, **kw)
 
 
 def _backend_kw(backend: str, spec: EngineSpec, draft: bool = False) -> dict:
