@@ -39,12 +39,12 @@ def replay(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128) ->
         for i in range(d):
             conf = tr["draft_top"][t + i]
             forwards += 1
-            if stop is not None and i < len(stop.keep) and conf < stop.keep[i]:
+            if stop is not None and stop.drops(i, conf):
                 stop_conf, dropped = conf, True
                 break
             toks.append(tr["draft_argmax"][t + i])
             confs.append(conf)
-            if len(toks) < d and stop is not None and i < len(stop.go_on) and conf < stop.go_on[i]:
+            if len(toks) < d and stop is not None and stop.ends_at(i, conf):
                 stop_conf = conf
                 break
         a = _accepted(toks, out, t)

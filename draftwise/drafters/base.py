@@ -37,6 +37,14 @@ class StopRule:
     keep: list[float]  # [d]
     go_on: list[float]  # [d - 1]
 
+    def drops(self, i: int, conf: float) -> bool:
+        """Token i (0-based) with the draft's probability conf is dropped, and drafting stops."""
+        return i < len(self.keep) and conf < self.keep[i]
+
+    def ends_at(self, i: int, conf: float) -> bool:
+        """Token i is kept, but drafting stops after it."""
+        return i < len(self.go_on) and conf < self.go_on[i]
+
 
 class Drafter(Protocol):
     """Drafters are stateless towards the engine: `context` is the whole committed sequence

@@ -97,7 +97,7 @@ class _Run:
             tok = sample(q[0], self.gen)
             conf = float(q[0, tok])
         rule = self.stop
-        if rule is not None and i < len(rule.keep) and conf < rule.keep[i]:
+        if rule is not None and rule.drops(i, conf):
             self.done, self.stop_conf = True, conf  # not worth verifying: drop it and stop
             return
         if not self.params.greedy:
@@ -106,7 +106,7 @@ class _Run:
         self.confs.append(conf)
         self.feed = [tok]
         self.done = len(self.tokens) >= self.n
-        if not self.done and rule is not None and i < len(rule.go_on) and conf < rule.go_on[i]:
+        if not self.done and rule is not None and rule.ends_at(i, conf):
             self.done, self.stop_conf = True, conf  # keep it, but drafting on would not pay
 
     def proposal(self) -> Proposal:
