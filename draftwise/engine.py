@@ -273,8 +273,10 @@ class Engine:
                times: tuple[int, float, float, float]) -> None:
         """Feed the round's outcome and measured times back to the planner."""
         k, t_fwd, t_draft, t_round = times
-        stats.predicted_s += plan.tokens / plan.rate
-        stats.predicted_plain_s += plan.tokens / plan.plain_rate
+        # the planner's predicted seconds for the tokens this round emitted, and for plain steps
+        # emitting them (the round's planned E[N] would count tokens an early stop never drafted)
+        stats.predicted_s += len(res.tokens) / plan.rate
+        stats.predicted_plain_s += len(res.tokens) / plan.plain_rate
         top = None if self.drafter.cheap else target_top(logits, len(prop.tokens), res.num_accepted)
         self.planner.commit(req, plan, len(prop.tokens), res.num_accepted, len(res.tokens), prop.confidence,
                             prop.stop_confidence, t_round, top)

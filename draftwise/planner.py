@@ -241,7 +241,6 @@ class Plan:
     stop: StopRule | None = None  # early stop inside the draft: see Planner._stop_rule
     behind: int = 1  # tokens the draft model catches up on before drafting
     probe: bool = False  # a short draft to measure acceptance (the estimate alone says D = 0)
-    tokens: float = 1.0  # expected tokens emitted by this round, E[N](d)
 
 
 @dataclass(slots=True)
@@ -322,7 +321,7 @@ class Planner:
                 r_probe = expected_tokens(up, best_d) / t_probe
                 if (r_probe > r_plain * (1 + self.margin)) if later else \
                         self._first_probe_pays(req, behind, d_max, n_seqs, r_plain, r_up):
-                    return Plan(best_d, best_r, r_plain, tokens=expected_tokens(alpha, best_d), probe=True)
+                    return Plan(best_d, best_r, r_plain, probe=True)
             return Plan(0, r_plain, r_plain)
         if best_d == 0:
             return Plan(0, r_plain, r_plain)
@@ -335,7 +334,7 @@ class Planner:
                 best_d += 1
                 best_r = expected_tokens(alpha, best_d) / deeper
         stop = None if self.draft is None else self._stop_rule(alpha, best_d, best_r, n_seqs)
-        return Plan(best_d, best_r, r_plain, stop, tokens=expected_tokens(alpha, best_d))
+        return Plan(best_d, best_r, r_plain, stop)
 
     def _stop_rule(self, alpha: np.ndarray, d: int, rate: float, n_seqs: int) -> StopRule:
         """Bars on the draft's own probability c_j of each token j it drafts. Token j is accepted

@@ -236,6 +236,30 @@ def test_early_stopped_round_charges_the_dropped_tokens_forward():
     assert finished == [1]  # the engine tells the planner the request ended (its first token came from prefill)
 
 
+def test_predicted_times_count_the_tokens_emitted_not_the_plans_expectation():
+    class StopAfterOne(Planner):  # plans long drafts, every one stopped after its first token
+        def plan(self, req, n_seqs=1, available=None, behind=1):
+            p = super().plan(req, n_seqs, available, behind)
+            if p.d > 1:
+                p.stop = StopRule([0.0] + [1.1] * (p.d - 1), [0.0] * (p.d - 1))
+            return p
+
+        def commit(self, req, plan, proposed, accepted, emitted, *a, **kw):
+            done.append((plan, emitted))
+            super().commit(req, plan, proposed, accepted, emitted, *a, **kw)
+    done = []
+    pl = StopAfterOne(curve(1.0), curve(0.1, first_ms=0.1), prior=0.95, max_draft=8, online=False)
+    r = Engine(CycleRunner(), CharTokenizer(), ModelDrafter(CycleRunner()), "auto", planner=pl).generate(PROMPT, max_tokens=30)
+    s = r.stats
+    assert s.verification_rounds > 5 and max(p.d for p, _ in done) > 1
+    assert {p for _, p, _ in r.rounds} == {1}  # every draft was cut to one token
+    t_plain = 1.0 / done[0][0].plain_rate  # frozen curves: every plan's plain rate is the same
+    # predicted plain time: the tokens emitted after the prefill's, each at a plain step's price
+    # (the plans' own E[N](d) would count tokens the early stops never drafted)
+    assert s.predicted_plain_s - s.prefill_s == pytest.approx((s.emitted_tokens - 1) * t_plain)
+    assert s.predicted_s - s.prefill_s == pytest.approx(sum(n / p.rate for p, n in done))
+
+
 def test_early_stops_shorten_the_plan():
     # the draft is always right when it proposes, but stops after one token, unsure of the next
     # (p 0.2): the plan must follow what the rounds deliver, not stay at a long D with E[N] ~ D
@@ -245,10 +269,11 @@ def test_early_stops_shorten_the_plan():
         for _ in range(30):
             p = pl.plan(req)
             pl.commit(req, p, 1, 1, 2, [0.9], 0.2 if report_stop else None)
-        return pl.plan(req)
-    blind, told = run(False), run(True)
-    assert blind.d >= 6 and blind.tokens > 5  # before: every round "fully accepted", E[N] stays high
-    assert told.d <= 2 and told.tokens < 2.5  # ~ what the rounds deliver: 2
+        p = pl.plan(req)
+        return p.d, expected_tokens(req.acceptance.alpha(), p.d)
+    (blind_d, blind_n), (told_d, told_n) = run(False), run(True)
+    assert blind_d >= 6 and blind_n > 5  # before: every round "fully accepted", E[N] stays high
+    assert told_d <= 2 and told_n < 2.5  # ~ what the rounds deliver: 2
 
 
 def test_auto_needs_a_planner_and_rejects_bad_d():
