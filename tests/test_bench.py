@@ -107,10 +107,12 @@ def test_load_prompts_from_the_shared_data():
 
 def test_plan_interleaves_configurations():
     order = [(w.repeat, w.concurrency, w.prompts, w.config) for w in plan(3, ["A", "B"], 2, (1, 2))]
-    assert order[:6] == [(0, 1, (0,), "A"), (0, 1, (0,), "B"), (0, 1, (1,), "A"), (0, 1, (1,), "B"),
-                         (0, 1, (2,), "A"), (0, 1, (2,), "B")]
-    assert order[6:10] == [(0, 2, (0, 1), "A"), (0, 2, (0, 1), "B"), (0, 2, (2,), "A"), (0, 2, (2,), "B")]
+    assert order[:6] == [(0, 1, (0,), "A"), (0, 1, (0,), "B"), (0, 1, (1,), "B"), (0, 1, (1,), "A"),
+                         (0, 1, (2,), "A"), (0, 1, (2,), "B")]  # each group starts one configuration later
+    assert order[6:10] == [(0, 2, (0, 1), "A"), (0, 2, (0, 1), "B"), (0, 2, (2,), "B"), (0, 2, (2,), "A")]
     assert len(order) == 2 * (6 + 4) and order[10][0] == 1
+    three = [w.config for w in plan(4, ["A", "B", "C"], 1, (1,))]
+    assert three == list("ABC" "BCA" "CAB" "ABC")  # every configuration in every position
 
 
 def test_run_writes_interleaved_records_and_conditions(tmp_path):
@@ -118,7 +120,7 @@ def test_run_writes_interleaved_records_and_conditions(tmp_path):
     path = run_bench(cfg, engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
     recs = requests(path)
     assert len(recs) == 2 * 4 * 3  # warm-up requests are not recorded
-    assert [r["config"] for r in recs[:6]] == ["plain", "ngram:2", "ngram:4"] * 2
+    assert [r["config"] for r in recs[:6]] == ["plain", "ngram:2", "ngram:4", "ngram:2", "ngram:4", "plain"]
     assert [r["prompt_id"] for r in recs[:6]] == ["p0"] * 3 + ["p1"] * 3
     assert [r["order"] for r in recs] == list(range(len(recs)))
     assert len({r["key"] for r in recs}) == len(recs)
@@ -149,16 +151,16 @@ class Interrupt:
 def test_interrupted_run_resumes_without_repeating(tmp_path):
     cfg = config(tmp_path)
     eng = fake_engines()
-    eng["ngram:4"] = Interrupt(eng["ngram:4"], 4)  # warm-up is call 1: dies on prompt p2
+    eng["ngram:4"] = Interrupt(eng["ngram:4"], 4)  # warm-up is call 1: dies on prompt p2, which it starts
     with pytest.raises(KeyboardInterrupt):
         run_bench(cfg, engines=eng, tokenizer=CharTokenizer(), progress=False)
     first = requests(tmp_path / "out" / REQUESTS)
-    assert len(first) == 8 and first[-1]["config"] == "ngram:2" and first[-1]["prompt_id"] == "p2"
+    assert len(first) == 6 and first[-1]["config"] == "plain" and first[-1]["prompt_id"] == "p1"
     path = run_bench(cfg, engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
     recs = requests(path)
     assert len(recs) == 12 and len({r["key"] for r in recs}) == 12
-    assert recs[:8] == first  # kept as measured
-    assert (recs[8]["prompt_id"], recs[8]["config"]) == ("p2", "ngram:4")
+    assert recs[:6] == first  # kept as measured
+    assert (recs[6]["prompt_id"], recs[6]["config"]) == ("p2", "ngram:4")
     assert [r["order"] for r in recs] == list(range(12))
     run_bench(cfg, engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)  # nothing left to do
     assert len(requests(path)) == 12

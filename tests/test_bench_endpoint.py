@@ -214,7 +214,7 @@ def test_bench_against_two_servers(tmp_path, server):
         lines = [json.loads(x) for x in open(path)]
         recs = [x for x in lines if x["kind"] == "request"]
         assert len(recs) == 2 * (3 + 3) and not any(r["sequential"] for r in recs)
-        assert [r["config"] for r in recs[:4]] == ["plain", "spec"] * 2
+        assert [r["config"] for r in recs[:4]] == ["plain", "spec", "spec", "plain"]  # rotated per group
         srv = [x for x in lines if x["kind"] == "server"]
         assert {x["config"] for x in srv} == {"spec"} and len(srv) == 3 + 2  # counters only where exposed
         s = summarise(path)
