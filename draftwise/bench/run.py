@@ -1,6 +1,7 @@
 """The measuring loop: warm-up, then repeats x concurrency x prompt groups x configurations, in
 interleaved order (A B, B A, A B, ...: each group starts one configuration later), so drift
-(thermals, other load) hits every configuration alike, slow or within a group. Each request's record is appended as soon as it is measured; a rerun skips what is there.
+(thermals, other load) hits every configuration alike, slow or within a group. Each request's
+record is appended as soon as it is measured; a rerun skips what is there.
 """
 from __future__ import annotations
 
