@@ -39,7 +39,7 @@ def plan(n_prompts: int, configs: list[str], repeats: int, concurrency: tuple[in
     later each group: A B C, B C A, C A B, ... A fixed order put a drift within each group (the
     machine slowing over a group's minute) on the same configuration every time: on llama.cpp a
     draft-model auto that ran fourth of four and never drafted measured 0.976x its plain request
-    over 38 prompts, and ~1.0x when alternated by hand (docs/results.md)."""
+    over 38 prompts, 0.984x over 35 with the order rotated (docs/results.md)."""
     out = []
     for r in range(repeats):
         for c in concurrency:
