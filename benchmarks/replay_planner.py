@@ -8,7 +8,8 @@ two tokens a fully accepted round leaves (after plain steps: the prompt or the s
     .venv/bin/python benchmarks/replay_planner.py results/traces_llama.jsonl \
         docs/data/profile_qwen2.5-coder-1.5b_llama.json docs/data/profile_qwen2.5-coder-0.5b_llama.json
 
-`--margin M` replaces the planner's margin (default: draftwise.build.margin_for the curves).
+`--margin M` replaces the planner's margin (default: draftwise.build.margin_for the curves);
+`--keep-margin M` the margin a caught-up draft model must keep beating plain by (default 0).
 """
 from __future__ import annotations
 
@@ -53,10 +54,11 @@ def main(traces: str, target_profile: str, draft_profile: str | None = None, **k
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]  # TRACES TARGET_PROFILE [DRAFT_PROFILE] [--margin M]
+    args = sys.argv[1:]  # TRACES TARGET_PROFILE [DRAFT_PROFILE] [--margin M] [--keep-margin M]
     kw = {}
-    if "--margin" in args:
-        i = args.index("--margin")
-        kw["margin"] = float(args[i + 1])
-        del args[i:i + 2]
+    for flag in ("--margin", "--keep-margin"):
+        if flag in args:
+            i = args.index(flag)
+            kw[flag[2:].replace("-", "_")] = float(args[i + 1])
+            del args[i:i + 2]
     main(*args, **kw)

@@ -63,6 +63,9 @@ class GenerationResult:
     # per verification round: (output position of its first draft token, proposed, accepted)
     rounds: list[tuple[int, int, int]] = field(default_factory=list)
     logprobs: list[TokenLogprobs] | None = None  # the server's, when asked for
+    # with `auto`, per step: (D planned, proposed, tokens the draft model caught up on, predicted
+    # and measured ms of the step, the planner's ms of one draft step after it: its online state)
+    plans: list[tuple[int, int, int, float, float, float]] | None = None
 
     def to_dict(self) -> dict:
         return {"text": self.text, "token_ids": self.token_ids, "prompt_tokens": self.prompt_tokens,
@@ -153,6 +156,7 @@ class Engine:
         prompt_logits = logits.clone() if self.reuse_prefix else None
         times: list[float] = []
         rounds: list[tuple[int, int, int]] = []
+        plans: list[tuple] | None = [] if auto else None
         ttft, done = 0.0, False
         req = self.planner.new_request(max_tokens) if auto else None
         try:
@@ -192,14 +196,18 @@ class Engine:
                 ctx += res.tokens
                 chunk = self._commit(out, res.tokens, stats, t0, times, bool(prop.tokens))
                 if req is not None:
+                    t_round = time.perf_counter() - t
                     self._learn(req, plan, prop, res, shadow, logits, params, stats,
-                                (len(feed), t_fwd, t_draft - t, time.perf_counter() - t))
+                                (len(feed), t_fwd, t_draft - t, t_round))
+                    plans.append((plan.d, len(prop.tokens), plan.behind if plan.d and not self.drafter.cheap else 0,
+                                  round(1e3 * (plan.seconds or 1.0 / plan.plain_rate), 1),
+                                  round(1e3 * t_round, 1), round(1e3 * self.planner.draft_cost(1), 1)))
             if req is not None:
                 self.planner.finish(req)
             stats.wall_s = time.perf_counter() - t0
             stats.other_s = stats.wall_s - stats.prefill_s - stats.draft_s - stats.verify_s
             chunk.result = GenerationResult(out.text, out.token_ids, len(prompt_ids), out.finish_reason,
-                                            stats, ttft, times, rounds)
+                                            stats, ttft, times, rounds, plans=plans)
             done = True
         finally:  # also runs when the consumer stops early (a client disconnects)
             self._close(seq, key, prompt_ids, prompt_logits if done else None)

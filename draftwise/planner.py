@@ -8,7 +8,9 @@ The model (docs/planner.md has the derivation and its assumptions):
     rate(D)   = E[N](D) / T(D, b)                                     D = 0 is a plain step
 
 D* = argmax rate(D) over 0..max_draft; a D > 0 must beat plain by `margin`, so an uncertain gain
-does not make a request slower than plain decoding. T_verify comes from a measured forward-cost
+does not make a request slower than plain decoding (`keep_margin`, lower, would let a caught-up
+draft model go on at a smaller predicted gain: hysteresis against paying a catch-up at each
+resume; off by default, see Planner.__init__). T_verify comes from a measured forward-cost
 profile (draftwise.profile, every k, per batch size), scaled online by the ratio of measured to
 predicted forward time; T_draft from the draft model's profile, or the measured per-call time of
 a cheap drafter. When the draft model has fallen behind (it is not fed while D = 0), resuming
@@ -241,6 +243,7 @@ class Plan:
     stop: StopRule | None = None  # early stop inside the draft: see Planner._stop_rule
     behind: int = 1  # tokens the draft model catches up on before drafting
     probe: bool = False  # a short draft to measure acceptance (the estimate alone says D = 0)
+    seconds: float = 0.0  # predicted seconds of the round (0: a plain step's, 1 / plain_rate)
 
 
 @dataclass(slots=True)
@@ -264,12 +267,17 @@ class Planner:
 
     def __init__(self, verify_curve: CostCurve, draft_curve: CostCurve | None = None,
                  prior: float | list[float] = 0.6, max_draft: int = 16, margin: float = 0.03,
-                 online: bool = True, prior_strength: float = 0.5, probe_max: int = 2, look_first: int = 3):
+                 online: bool = True, prior_strength: float = 0.5, probe_max: int = 2, look_first: int = 3,
+                 keep_margin: float | None = None):
         if max_draft < 1:
             raise ValueError(f"max_draft must be >= 1, got {max_draft}")
         self.verify, self.draft = verify_curve, draft_curve
         self.max_draft, self.margin, self.online, self.probe_max = max_draft, margin, online, probe_max
         self.look_first = look_first  # plain steps a draft model waits before paying the prompt's catch-up
+        # the margin a caught-up draft model must keep beating plain by (None: `margin`). Lower
+        # is hysteresis; in replays it cut catch-ups but lost 3% on llama.cpp HumanEval
+        # (docs/results.md), so it is off by default
+        self.keep_margin = keep_margin
         p = np.broadcast_to(np.asarray(prior, dtype=np.float64), (max_draft,)).copy()
         self.workload = Acceptance(p, strength=prior_strength, forget=0.97)  # recent requests
         self.draft_call_s = 1e-4  # cheap drafter: seconds per propose call (EMA)
@@ -306,13 +314,16 @@ class Planner:
         if self.draft is not None and behind > 1 and not any(req.plans) and len(req.plans) < self.look_first:
             return Plan(0, r_plain, r_plain)  # look first: see commit's target_top
         alpha, up = req.acceptance.alpha(), req.acceptance.upper()  # [max_draft] each, once per round
-        best_d, best_r = self._best(alpha, d_max, n_seqs, r_plain)
+        t = self._round_costs(d_max, n_seqs)  # [d_max] seconds of a round of d = 1..d_max
+        going = self.draft is not None and bool(req.plans) and req.plans[-1] > 0  # caught up
+        keep = self.margin if self.keep_margin is None else min(self.keep_margin, self.margin)
+        best_d, best_r = self._best(alpha, t, r_plain, keep if going else self.margin)
         if best_d == 0 and self.probe_max > 0 and self.draft is not None \
                 and len(req.plans) >= req.next_probe:  # would optimism pay? then probe, ever more rarely
-            d_up, r_up = self._best(up, d_max, n_seqs, r_plain)
+            d_up, r_up = self._best(up, t, r_plain)
             if d_up > 0:
                 best_d = min(d_up, self.probe_max)
-                t_probe = self._round_s(best_d, n_seqs) + self.draft_cost(1, behind) - self.draft_cost(1, 1)
+                t_probe = t[best_d - 1] + self.draft_cost(1, behind) - self.draft_cost(1, 1)
                 best_r = expected_tokens(alpha, best_d) / t_probe
                 # the first probe pays the prompt's catch-up, which any speculation needs: judged
                 # over the rest of the request (_first_probe_pays); a later probe must pay for
@@ -320,21 +331,21 @@ class Planner:
                 later = any(req.plans)
                 r_probe = expected_tokens(up, best_d) / t_probe
                 if (r_probe > r_plain * (1 + self.margin)) if later else \
-                        self._first_probe_pays(req, behind, d_max, n_seqs, r_plain, r_up):
-                    return Plan(best_d, best_r, r_plain, probe=True)
+                        self._first_probe_pays(req, behind, t, r_plain, r_up):
+                    return Plan(best_d, best_r, r_plain, probe=True, seconds=t_probe)
             return Plan(0, r_plain, r_plain)
         if best_d == 0:
             return Plan(0, r_plain, r_plain)
         if not self._catch_up_pays(req, behind, r_plain, best_r):
             return Plan(0, r_plain, r_plain)
         if self.probe_max > 0 and best_d < d_max:  # one position deeper if optimism about it says it
-            deeper = self._round_s(best_d + 1, n_seqs)  # pays its verify cost (on torch k = 4 costs ~1.8x
+            deeper = t[best_d]  # pays its verify cost (on torch k = 4 costs ~1.8x
             reach = float(np.prod(alpha[:best_d]))  # k = 3: "always one deeper" lost ~5% on prose)
             if (expected_tokens(alpha, best_d) + reach * up[best_d]) / deeper > best_r:
                 best_d += 1
                 best_r = expected_tokens(alpha, best_d) / deeper
         stop = None if self.draft is None else self._stop_rule(alpha, best_d, best_r, n_seqs)
-        return Plan(best_d, best_r, r_plain, stop)
+        return Plan(best_d, best_r, r_plain, stop, seconds=float(t[best_d - 1]))
 
     def _stop_rule(self, alpha: np.ndarray, d: int, rate: float, n_seqs: int) -> StopRule:
         """Bars on the draft's own probability c_j of each token j it drafts. Token j is accepted
@@ -359,18 +370,22 @@ class Planner:
     def _round_s(self, d: int, n_seqs: int) -> float:
         return self.draft_cost(d) + self.verify(d + 1, n_seqs) + self.overhead_s
 
-    def _best(self, alpha: np.ndarray, d_max: int, n_seqs: int, r_plain: float) -> tuple[int, float]:
-        """argmax_d E[N](d) / T(d); d > 0 only if it beats plain by the margin."""
-        best_d, best_r = 0, r_plain
-        for d in range(1, max(d_max, 0) + 1):
-            r = expected_tokens(alpha, d) / self._round_s(d, n_seqs)
-            if r > best_r:
-                best_d, best_r = d, r
-        if best_r < r_plain * (1 + self.margin):
-            return 0, r_plain
-        return best_d, best_r
+    def _round_costs(self, d_max: int, n_seqs: int) -> np.ndarray:  # [max(d_max, 0)]
+        return np.array([self._round_s(d, n_seqs) for d in range(1, max(d_max, 0) + 1)])
 
-    def _first_probe_pays(self, req: RequestPlan, behind: int, d_max: int, n_seqs: int, r_plain: float,
+    def _best(self, alpha: np.ndarray, t: np.ndarray, r_plain: float, margin: float | None = None) -> tuple[int, float]:
+        """argmax_d E[N](d) / T(d) over d = 1..len(t) (t: round seconds); d > 0 only if it beats
+        plain by the margin (the planner's unless given)."""
+        if len(t) == 0:
+            return 0, r_plain
+        rates = (1.0 + np.cumsum(np.cumprod(alpha[:len(t)]))) / t  # [len(t)] E[N](d) / T(d)
+        i = int(np.argmax(rates))  # the first of equal rates: the shortest draft
+        m = self.margin if margin is None else margin
+        if rates[i] <= r_plain or rates[i] < r_plain * (1 + m):
+            return 0, r_plain
+        return i + 1, float(rates[i])
+
+    def _first_probe_pays(self, req: RequestPlan, behind: int, t: np.ndarray, r_plain: float,
                           r_up: float) -> bool:
         """Would the saving speculation promises over the rest of this request win back the
         prompt's catch-up? The rate is the lower of two optimistic bounds, this request's (wide:
@@ -380,7 +395,7 @@ class Planner:
         the chance was the only brake, and its bound never falls below ~0.16 (10 requests' worth
         of evidence at 0.9 decay): on llama.cpp prose a 0.5B draft paid a first probe's
         catch-up (0.3-0.9 s) in 12 of the first 16 requests of a cold start (roleplay, humanities)."""
-        d_w, r_w = self._best(self.workload.upper(), d_max, n_seqs, r_plain)
+        d_w, r_w = self._best(self.workload.upper(), t, r_plain)
         return d_w > 0 and self._catch_up_pays(req, behind, r_plain, min(r_up, r_w), self.probes_pay())
 
     def _catch_up_pays(self, req: RequestPlan, behind: int, r_plain: float, r_spec: float,

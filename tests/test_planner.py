@@ -313,7 +313,7 @@ def test_first_probe_skipped_once_the_workload_shows_the_draft_does_not_pay():
         pl.commit(r, pl.plan(r), 2, int(i % 4 == 0), 1)
     req = pl.new_request(10_000)
     r_plain = 1 / pl.verify(1)
-    assert pl._best(req.acceptance.upper(), 16, 1, r_plain)[0] > 0  # its own optimism alone would probe
+    assert pl._best(req.acceptance.upper(), pl._round_costs(16, 1), r_plain)[0] > 0  # its own optimism alone would probe
     assert pl.plan(req).d == 0
     # acceptance ~1/3: the workload's optimistic bound pays only a little, so a long prompt's
     # catch-up is not won back over a short request (no first probe), but is over a long one
@@ -504,3 +504,21 @@ def test_a_draft_model_looks_at_the_targets_confidence_before_paying_the_prompts
             assert any(ds)
     code_after = run(pl, 0.95, code)  # and code after prose drafts again once it has looked
     assert code_after[:3] == [0, 0, 0] and sum(code_after) >= 100
+
+
+def test_auto_logs_each_steps_plan_and_predicted_time():
+    draft_runner = CycleRunner()
+    pl = planner(per_token_ms=1.0, prior=0.95, draft=curve(0.1, first_ms=0.1), online=False)
+    r = Engine(CycleRunner(), CharTokenizer(), ModelDrafter(draft_runner), "auto", planner=pl).generate(PROMPT, max_tokens=30)
+    s = r.stats
+    assert len(r.plans) == s.verification_rounds + s.plain_steps - 1  # every step after the prefill's token
+    assert [p for _, p, _ in r.rounds] == [p for _, p, *_ in r.plans if p > 0]
+    t_plain = 1e3 * (pl.verify(1) + pl.overhead_s)
+    for d, proposed, behind, pred_ms, meas_ms, draft_ms in r.plans:
+        assert proposed <= d and meas_ms > 0 and draft_ms == pytest.approx(1e3 * pl.draft(1), abs=0.05)
+        if d == 0:
+            assert (proposed, behind) == (0, 0) and pred_ms == pytest.approx(t_plain, abs=0.05)
+        else:  # a round's time as the plan priced it: d draft steps and a verify of d + 1
+            assert behind >= 1 and pred_ms == pytest.approx(1e3 * pl._round_s(d, 1), abs=0.05)
+    assert r.plans[0][:3] == (0, 0, 0) and r.plans[pl.look_first][2] == len(PROMPT) + pl.look_first + 1
+    assert Engine(CycleRunner(), CharTokenizer(), ModelDrafter(CycleRunner()), 2).generate(PROMPT, max_tokens=5).plans is None

@@ -118,7 +118,7 @@ class EngineTarget:
                 "rss_start_bytes": rss.start, "rss_peak_bytes": rss.peak,
                 "kv_peak_bytes": kv if self.kv_probe else None,
                 "draft_kv_peak_bytes": dkv if self.kv_probe and self.draft_runner is not None else None,
-                "probe_s": probe}
+                "probe_s": probe, **({"plans": result.plans} if result.plans is not None else {})}
 
     def describe(self) -> dict:
         d = self.engine.drafter
