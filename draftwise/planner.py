@@ -311,7 +311,7 @@ class Planner:
         if available is not None:
             d_max = min(d_max, available)
         r_plain = 1.0 / (self.verify(1, n_seqs) + self.overhead_s)
-        if self.draft is not None and behind > 1 and not any(req.plans) and len(req.plans) < self.look_first:
+        if self.draft is not None and behind > 1 and not any(req.plans) and len(req.plans) < self._look(behind, r_plain):
             return Plan(0, r_plain, r_plain)  # look first: see commit's target_top
         alpha, up = req.acceptance.alpha(), req.acceptance.upper()  # [max_draft] each, once per round
         t = self._round_costs(d_max, n_seqs)  # [d_max] seconds of a round of d = 1..d_max
@@ -366,6 +366,11 @@ class Planner:
             tail = float(np.cumprod(alpha[j:d]).sum())
             go_on.append(g(rate * max(cost, 0.0) / (reach[j - 1] * tail)))
         return StopRule(keep, go_on)
+
+    def _look(self, behind: int, r_plain: float) -> int:
+        """Plain steps a request looks at the target's confidence before its draft model pays the
+        prompt's catch-up: as many as that catch-up costs in plain steps, at most look_first."""
+        return min(self.look_first, int((self.draft_cost(1, behind) - self.draft_cost(1, 1)) * r_plain))
 
     def _round_s(self, d: int, n_seqs: int) -> float:
         return self.draft_cost(d) + self.verify(d + 1, n_seqs) + self.overhead_s
