@@ -196,8 +196,10 @@ def test_planner_policy_prices_draft_catch_up_and_stops_drafts_early():
             return p
     asked = []
     ms = [10.0 + 0.5 * k for k in range(8)]
-    pl = StopAfterTwo(CostCurve({1: ms, 4: [4 * m for m in ms]}), CostCurve({1: [1.0] * 8}), prior=0.95,
-                      max_draft=6, online=False)
+    # a draft step costs 1 ms, but a catch-up of the 6-token prompt (7+ tokens) 40 ms, four plain
+    # steps: worth three looks first
+    pl = StopAfterTwo(CostCurve({1: ms, 4: [4 * m for m in ms]}), CostCurve({1: [1.0] * 6 + [40.0, 41.0]}),
+                      prior=0.95, max_draft=6, online=False)
     drafter = ModelDrafter(CycleRunner(period=16))
     policy = PlannedDraftLength(pl, drafter)
     sched = Scheduler(CycleRunner(period=16), CharTokenizer(), drafter, 6, **policy.hooks())
