@@ -243,7 +243,7 @@ class Plan:
     stop: StopRule | None = None  # early stop inside the draft: see Planner._stop_rule
     behind: int = 1  # tokens the draft model catches up on before drafting
     probe: bool = False  # a short draft to measure acceptance (the estimate alone says D = 0)
-    seconds: float = 0.0  # predicted seconds of the round (0: a plain step's, 1 / plain_rate)
+    seconds: float = 0.0  # predicted seconds of the round, catch-up included (0: a plain step's, 1 / plain_rate)
 
 
 @dataclass(slots=True)
@@ -345,7 +345,8 @@ class Planner:
                 best_d += 1
                 best_r = expected_tokens(alpha, best_d) / deeper
         stop = None if self.draft is None else self._stop_rule(alpha, best_d, best_r, n_seqs)
-        return Plan(best_d, best_r, r_plain, stop, seconds=float(t[best_d - 1]))
+        catch_up = self.draft_cost(1, behind) - self.draft_cost(1, 1)  # 0 unless the draft fell behind
+        return Plan(best_d, best_r, r_plain, stop, seconds=float(t[best_d - 1]) + catch_up)
 
     def _stop_rule(self, alpha: np.ndarray, d: int, rate: float, n_seqs: int) -> StopRule:
         """Bars on the draft's own probability c_j of each token j it drafts. Token j is accepted

@@ -518,8 +518,9 @@ def test_auto_logs_each_steps_plan_and_predicted_time():
         assert proposed <= d and meas_ms > 0 and draft_ms == pytest.approx(1e3 * pl.draft(1), abs=0.05)
         if d == 0:
             assert (proposed, behind) == (0, 0) and pred_ms == pytest.approx(t_plain, abs=0.05)
-        else:  # a round's time as the plan priced it: d draft steps and a verify of d + 1
-            assert behind >= 1 and pred_ms == pytest.approx(1e3 * pl._round_s(d, 1), abs=0.05)
+        else:  # a round's time as the plan priced it: catch-up, d draft steps and a verify of d + 1
+            catch_up = pl.draft_cost(1, behind) - pl.draft_cost(1, 1)
+            assert behind >= 1 and pred_ms == pytest.approx(1e3 * (pl._round_s(d, 1) + catch_up), abs=0.05)
     first = next(i for i, p in enumerate(r.plans) if p[0] > 0)  # it caught up on the prompt and every token
     assert r.plans[first][2] == len(PROMPT) + first + 1
     assert Engine(CycleRunner(), CharTokenizer(), ModelDrafter(CycleRunner()), 2).generate(PROMPT, max_tokens=5).plans is None
