@@ -273,7 +273,7 @@ class Planner:
             raise ValueError(f"max_draft must be >= 1, got {max_draft}")
         self.verify, self.draft = verify_curve, draft_curve
         self.max_draft, self.margin, self.online, self.probe_max = max_draft, margin, online, probe_max
-        self.look_first = look_first  # plain steps a draft model waits before paying the prompt's catch-up
+        self.look_first = look_first  # at most this many plain steps before paying the prompt's catch-up (_look)
         # the margin a caught-up draft model must keep beating plain by (None: `margin`). Lower
         # is hysteresis; in replays it cut catch-ups but lost 3% on llama.cpp HumanEval
         # (docs/results.md), so it is off by default
