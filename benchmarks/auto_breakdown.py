@@ -6,19 +6,18 @@ request (geometric mean) and the median time of a plain step in each.
     .venv/bin/python benchmarks/auto_breakdown.py docs/data/planner_llama_v10 model:auto
     .venv/bin/python benchmarks/auto_breakdown.py docs/data/planner_torch_v10 model:auto model:2
 """
-import json
 import math
 import statistics
 import sys
 from collections import defaultdict
 
+from draftwise.bench.results import Results
+
 
 def _rows(run: str) -> dict:
     by = defaultdict(dict)  # prompt -> config -> row
-    for line in open(f"{run}/requests.jsonl"):
-        r = json.loads(line)
-        if r.get("kind") == "request":
-            by[r["prompt_id"]][r["config"]] = r
+    for r in Results.load(run).requests.values():
+        by[r["prompt_id"]][r["config"]] = r
     return by
 
 

@@ -11,10 +11,11 @@ catch-up tokens, predicted ms, measured ms, one draft step's ms as the planner t
 
     .venv/bin/python benchmarks/plan_log.py docs/data/planner_torch_v12 model:auto
 """
-import json
 import statistics
 import sys
 from collections import defaultdict
+
+from draftwise.bench.results import Results
 
 
 def _med(xs: list[float]) -> str:
@@ -23,9 +24,8 @@ def _med(xs: list[float]) -> str:
 
 def main(run: str, config: str) -> None:
     cats = defaultdict(list)  # category -> [plans of each request, in run order]
-    for line in open(f"{run}/requests.jsonl"):
-        r = json.loads(line)
-        if r.get("kind") == "request" and r["config"] == config and r.get("plans"):
+    for r in Results.load(run).requests.values():
+        if r["config"] == config and r.get("plans"):
             cats[r["category"]].append(r["plans"])
     print(f"{'category':14} {'steps':>5} {'plain':>6} {'resumes':>7} {'caught up':>9}  meas/pred: "
           f"{'plain':>5} {'k<=2':>5} {'k3-4':>5} {'k5-8':>5} {'k>8':>5} {'cut':>5} {'catch-up':>8}  draft ms first/last")

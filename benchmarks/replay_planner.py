@@ -9,7 +9,7 @@ two tokens a fully accepted round leaves (after plain steps: the prompt or the s
         docs/data/profile_qwen2.5-coder-1.5b_llama.json docs/data/profile_qwen2.5-coder-0.5b_llama.json
 
 `--margin M` replaces the planner's margin (default: draftwise.build.margin_for the curves);
-`--keep-margin M` the margin a caught-up draft model must keep beating plain by (default 0).
+`--keep-margin M` the margin a caught-up draft model must keep beating plain by (default: the margin).
 """
 from __future__ import annotations
 

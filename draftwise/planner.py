@@ -311,7 +311,8 @@ class Planner:
         if available is not None:
             d_max = min(d_max, available)
         r_plain = 1.0 / (self.verify(1, n_seqs) + self.overhead_s)
-        if self.draft is not None and behind > 1 and not any(req.plans) and len(req.plans) < self._look(behind, r_plain):
+        catch_up = self._catch_up_s(behind)  # 0 unless a draft model fell behind
+        if self.draft is not None and behind > 1 and not any(req.plans) and len(req.plans) < self._look(catch_up, r_plain):
             return Plan(0, r_plain, r_plain)  # look first: see commit's target_top
         alpha, up = req.acceptance.alpha(), req.acceptance.upper()  # [max_draft] each, once per round
         t = self._round_costs(d_max, n_seqs)  # [d_max] seconds of a round of d = 1..d_max
@@ -323,7 +324,7 @@ class Planner:
             d_up, r_up = self._best(up, t, r_plain)
             if d_up > 0:
                 best_d = min(d_up, self.probe_max)
-                t_probe = t[best_d - 1] + self.draft_cost(1, behind) - self.draft_cost(1, 1)
+                t_probe = t[best_d - 1] + catch_up
                 best_r = expected_tokens(alpha, best_d) / t_probe
                 # the first probe pays the prompt's catch-up, which any speculation needs: judged
                 # over the rest of the request (_first_probe_pays); a later probe must pay for
@@ -345,7 +346,6 @@ class Planner:
                 best_d += 1
                 best_r = expected_tokens(alpha, best_d) / deeper
         stop = None if self.draft is None else self._stop_rule(alpha, best_d, best_r, n_seqs)
-        catch_up = self.draft_cost(1, behind) - self.draft_cost(1, 1)  # 0 unless the draft fell behind
         return Plan(best_d, best_r, r_plain, stop, seconds=float(t[best_d - 1]) + catch_up)
 
     def _stop_rule(self, alpha: np.ndarray, d: int, rate: float, n_seqs: int) -> StopRule:
@@ -368,10 +368,14 @@ class Planner:
             go_on.append(g(rate * max(cost, 0.0) / (reach[j - 1] * tail)))
         return StopRule(keep, go_on)
 
-    def _look(self, behind: int, r_plain: float) -> int:
+    def _catch_up_s(self, behind: int) -> float:
+        """Seconds a draft model's first forward costs beyond one token's, `behind` tokens behind."""
+        return self.draft_cost(1, behind) - self.draft_cost(1, 1)
+
+    def _look(self, catch_up: float, r_plain: float) -> int:
         """Plain steps a request looks at the target's confidence before its draft model pays the
-        prompt's catch-up: as many as that catch-up costs in plain steps, at most look_first."""
-        return min(self.look_first, int((self.draft_cost(1, behind) - self.draft_cost(1, 1)) * r_plain))
+        prompt's catch-up (`catch_up` seconds): as many as it costs in plain steps, at most look_first."""
+        return min(self.look_first, int(catch_up * r_plain))
 
     def _round_s(self, d: int, n_seqs: int) -> float:
         return self.draft_cost(d) + self.verify(d + 1, n_seqs) + self.overhead_s
@@ -411,8 +415,7 @@ class Planner:
         saving happens at all: for a first probe, how often recent first probes paid off)."""
         if self.draft is None or behind <= 1:
             return True
-        catch_up = self.draft_cost(1, behind) - self.draft_cost(1, 1)
-        return chance * req.remaining * (1.0 / r_plain - 1.0 / r_spec) > catch_up
+        return chance * req.remaining * (1.0 / r_plain - 1.0 / r_spec) > self._catch_up_s(behind)
 
     def probes_pay(self) -> float:
         """Optimistic bound (mean + one sd, Beta(1, 1) prior) on the share of recent requests whose

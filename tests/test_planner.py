@@ -535,7 +535,7 @@ def test_a_draft_model_looks_as_many_steps_as_the_prompts_catch_up_costs():
                       (256, 889.0))
     pl = Planner(target, draft, prior=0.9, max_draft=8, look_first=3)
     r_plain = 1 / target(1)
-    assert pl._look(41, r_plain) == 0 and pl._look(120, r_plain) == 1 and pl._look(401, r_plain) == 3
+    assert [pl._look(pl._catch_up_s(n), r_plain) for n in (41, 120, 401)] == [0, 1, 3]
     for prompt, looks in ((41, 0), (401, 3)):
         req, behind, ds = pl.new_request(64), prompt, []
         while not any(ds):
