@@ -157,6 +157,11 @@ class Acceptance:
         self.seen[:n] += 1
         self.acc[:n] += p_accept
 
+    def lower(self, z: float = 1.0) -> np.ndarray:  # [max_pos]
+        """A cautious estimate, alpha - z standard deviations of the Beta posterior."""
+        a = self.alpha()
+        return np.maximum(a - z * np.sqrt(a * (1 - a) / (self.strength + self.seen + 1)), 0.0)
+
     def upper(self, z: float = 1.0) -> np.ndarray:  # [max_pos]
         """An optimistic estimate, alpha + z standard deviations of the Beta posterior: wide while
         a position has few observations, so a drafter that was never tried gets tried."""
@@ -251,11 +256,16 @@ class RequestPlan:
     """A request's planner state: its acceptance posterior and how much output is left."""
     acceptance: Acceptance
     remaining: int
+    whole: Acceptance | None = None  # the same evidence with a long memory: what a catch-up is judged by
     plans: list[int] = field(default_factory=list)  # D chosen each round
     next_probe: int = 0  # no probe before this many rounds; the gap doubles after each probe
     probe_gap: int = 2
     probed: bool = False  # its first probe ran
     saved_s: float = 0.0  # since then: measured seconds its speculative rounds saved over plain steps
+
+    def estimates(self) -> list[Acceptance]:
+        """The request's acceptance estimates, which every observation updates alike."""
+        return [self.acceptance] if self.whole is None else [self.acceptance, self.whole]
 
 
 class Planner:
@@ -268,7 +278,7 @@ class Planner:
     def __init__(self, verify_curve: CostCurve, draft_curve: CostCurve | None = None,
                  prior: float | list[float] = 0.6, max_draft: int = 16, margin: float = 0.03,
                  online: bool = True, prior_strength: float = 0.5, probe_max: int = 2, look_first: int = 3,
-                 keep_margin: float | None = None):
+                 keep_margin: float | None = None, whole_forget: float = 0.97, whole_strength: float = 2.0, whole_z: float = 1.0):
         if max_draft < 1:
             raise ValueError(f"max_draft must be >= 1, got {max_draft}")
         self.verify, self.draft = verify_curve, draft_curve
@@ -278,6 +288,7 @@ class Planner:
         # is hysteresis; in replays it cut catch-ups but lost 3% on llama.cpp HumanEval
         # (docs/results.md), so it is off by default
         self.keep_margin = keep_margin
+        self.whole_forget, self.whole_strength, self.whole_z = whole_forget, whole_strength, whole_z  # RequestPlan.whole
         p = np.broadcast_to(np.asarray(prior, dtype=np.float64), (max_draft,)).copy()
         self.workload = Acceptance(p, strength=prior_strength, forget=0.97)  # recent requests
         self.draft_call_s = 1e-4  # cheap drafter: seconds per propose call (EMA)
@@ -290,7 +301,9 @@ class Planner:
         """A request starts from the workload's estimate, worth one round of its own evidence:
         enough to start from what this engine has seen, weak enough that a request unlike the
         previous ones (a summary after code edits) overrides it within a few rounds."""
-        return RequestPlan(Acceptance(self.workload.alpha(), strength=1.0), max_tokens)
+        prior = self.workload.alpha()
+        return RequestPlan(Acceptance(prior, strength=1.0), max_tokens,
+                           Acceptance(prior, strength=self.whole_strength, forget=self.whole_forget))
 
     def draft_cost(self, d: int, behind: int = 1) -> float:
         """Seconds to draft d tokens: one forward feeding the `behind` tokens the draft model has
@@ -337,7 +350,7 @@ class Planner:
             return Plan(0, r_plain, r_plain)
         if best_d == 0:
             return Plan(0, r_plain, r_plain)
-        if not self._catch_up_pays(req, behind, r_plain, best_r):
+        if not self._catch_up_pays(req, behind, r_plain, self._whole_rate(req, t, r_plain, best_r)):
             return Plan(0, r_plain, r_plain)
         if self.probe_max > 0 and best_d < d_max:  # one position deeper if optimism about it says it
             deeper = t[best_d]  # pays its verify cost (on torch k = 4 costs ~1.8x
@@ -371,6 +384,16 @@ class Planner:
     def _catch_up_s(self, behind: int) -> float:
         """Seconds a draft model's first forward costs beyond one token's, `behind` tokens behind."""
         return self.draft_cost(1, behind) - self.draft_cost(1, 1)
+
+    def _whole_rate(self, req: RequestPlan, t: np.ndarray, r_plain: float, r_round: float) -> float:
+        """The rate a catch-up is judged by: the lower of this round's and the one the request's
+        long-memory estimate (`whole`) predicts. A catch-up is paid once for the rest of the
+        request, and the short memory of `acceptance` follows a run of a few confident tokens:
+        on llama.cpp prose a 0.5B draft paid the prompt's catch-up after such runs and then
+        met the request's usual acceptance (~0.7)."""
+        if req.whole is None:
+            return r_round
+        return min(r_round, self._best(req.whole.lower(self.whole_z), t, r_plain, 0.0)[1])
 
     def _look(self, catch_up: float, r_plain: float) -> int:
         """Plain steps a request looks at the target's confidence before its draft model pays the
@@ -472,21 +495,26 @@ class Planner:
             req.saved_s += emitted * (self.verify(1) + self.overhead_s) - round_s
         after = None if stop_confidence is None else self.calib(stop_confidence)
         if proposed > 0:
-            req.acceptance.observe(proposed, accepted, after)
+            for a in req.estimates():
+                a.observe(proposed, accepted, after)
             self.workload.observe(proposed, accepted, after)
         elif after is not None:  # the draft dropped its first token: a shadow of position 1
-            req.acceptance.observe_shadow(after)
+            for a in req.estimates():
+                a.observe_shadow(after)
             self.workload.observe_shadow(after)
         elif shadow_top is not None:  # the target's confidence: a shadow of every position
-            req.acceptance.observe_shadow(shadow_top, self.max_draft)
+            for a in req.estimates():
+                a.observe_shadow(shadow_top, self.max_draft)
             self.workload.observe_shadow(shadow_top, self.max_draft)
         else:
-            req.acceptance.relax()
+            for a in req.estimates():
+                a.relax()
 
     def shadow(self, req: RequestPlan, p_accept: float) -> None:
         """A cheap drafter's unverified first token, scored against the plain step's target
         probabilities: keeps the acceptance estimate alive while D = 0."""
-        req.acceptance.observe_shadow(p_accept)
+        for a in req.estimates():
+            a.observe_shadow(p_accept)
         self.workload.observe_shadow(p_accept)
 
     def observe_times(self, k: int, n_seqs: int, forward_s: float, d: int, behind: int, draft_s: float,

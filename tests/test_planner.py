@@ -492,7 +492,8 @@ def test_a_draft_model_looks_at_the_targets_confidence_before_paying_the_prompts
 
     code, prose = [True] * 16, [True, False] * 8
     for use_top in (False, True):
-        pl = Planner(target, draft, prior=0.6, max_draft=16, look_first=3 if use_top else 0)
+        pl = Planner(target, draft, prior=0.6, max_draft=16, look_first=3 if use_top else 0,
+                     whole_z=1.0 if use_top else 0.0)  # (without looks or the cautious catch-up)
         for _ in range(6):
             ds = run(pl, 0.95 if use_top else None, code)
         assert ds[:4] == [0, 0, 0, 15] if use_top else ds[0] > 0  # look first, then draft: code pays
@@ -544,3 +545,36 @@ def test_a_draft_model_looks_as_many_steps_as_the_prompts_catch_up_costs():
             ds.append(p.d)
             behind += 1
         assert ds[:-1] == [0] * looks and ds[-1] > 0
+
+
+def test_a_run_of_confident_tokens_does_not_pay_a_catch_up_the_request_as_a_whole_would_not():
+    # llama.cpp-like curves, after code requests: a prose request's short-memory estimate (about
+    # seven tokens) rises past 0.9 on a run of twelve confident tokens, and a 0.5B draft paid the
+    # catch-up there and met the request's usual acceptance; the catch-up is judged by the request's
+    # long-memory estimate one standard deviation down (RequestPlan.whole), which a run that short
+    # does not lift, while a request confident throughout still pays it after its looks
+    target = CostCurve({1: [94, 127, 161, 196, 224, 251, 275, 287, 288, 291, 292, 288, 296, 300, 303, 308, 397]})
+    draft = CostCurve({1: [43, 48, 54, 61, 84, 91, 100, 99, 119, 124, 127, 117, 144, 153, 161, 170, 188]}, (80, 300.0))
+    pl = Planner(target, draft, prior=0.6, max_draft=16, probe_max=0)  # (probes have their own brake)
+
+    def step(req, behind, top):
+        p = pl.plan(req, available=req.remaining - 1, behind=behind)
+        pl.commit(req, p, p.d, p.d, p.d + 1, [0.9] * p.d if p.d else None, target_top=[top] * max(p.d, 1))
+        return p.d
+
+    for _ in range(3):  # code: confident and accepted throughout (the first waits ~20 steps: cold)
+        req, ds = pl.new_request(128), []
+        while req.remaining > 1:
+            ds.append(step(req, 121 if not any(ds) else 1, 0.99))
+    assert ds[:4] == [0, 0, 0, 15]  # looks, then it drafts
+    req, behind = pl.new_request(400), 60
+    for top in [0.5] * 30 + [0.99] * 12:  # prose: a long stretch at ~0.5 acceptance, then a short run
+        assert step(req, behind, top) == 0
+        behind += 1
+    assert req.acceptance.alpha()[0] > 0.9  # what the round's estimate says after the run
+    for _ in range(30):  # a long confident stretch becomes the request's acceptance: it catches up
+        if step(req, behind, 0.99):
+            break
+        behind += 1
+    else:
+        raise AssertionError("42 confident tokens in a row and the draft model still never caught up")
