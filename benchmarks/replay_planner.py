@@ -8,8 +8,11 @@ two tokens a fully accepted round leaves (after plain steps: the prompt or the s
     .venv/bin/python benchmarks/replay_planner.py results/traces_llama.jsonl \
         docs/data/profile_qwen2.5-coder-1.5b_llama.json docs/data/profile_qwen2.5-coder-0.5b_llama.json
 
-`--margin M` replaces the planner's margin (default: draftwise.build.margin_for the curves);
-`--keep-margin M` the margin a caught-up draft model must keep beating plain by (default: the margin).
+`--margin M` replaces the planner's margin (default: draftwise.build.margin_for the curves; the
+risk term: draftwise.build.risk_for);
+`--keep-margin M` the margin a caught-up draft model must keep beating plain by (default: the margin);
+`--set NAME=VALUE` (repeatable) any other numeric argument of draftwise.planner.Planner, e.g.
+`--set whole_z=0.75`.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import json
 import sys
 from collections import defaultdict
 
-from draftwise.build import margin_for, prior_for
+from draftwise.build import margin_for, prior_for, risk_for
 from draftwise.planner import CostCurve, Planner
 from draftwise.profile import ProfileResult
 from draftwise.replay import replay, replay_ngram
@@ -34,6 +37,7 @@ def main(traces: str, target_profile: str, draft_profile: str | None = None, **k
     name = "model" if dt else "ngram"
     run = replay if dt else replay_ngram
     kw.setdefault("margin", margin_for(vt, dt))
+    kw.setdefault("risk", risk_for(dt))
     planner = Planner(vt, dt, prior=prior_for(name, 16), max_draft=16, online=False, **kw)
     cats: dict[str, list] = defaultdict(list)
     for tr in trs:
@@ -54,8 +58,13 @@ def main(traces: str, target_profile: str, draft_profile: str | None = None, **k
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]  # TRACES TARGET_PROFILE [DRAFT_PROFILE] [--margin M] [--keep-margin M]
+    args = sys.argv[1:]  # TRACES TARGET_PROFILE [DRAFT_PROFILE] [--margin M] [--keep-margin M] [--set NAME=VALUE]...
     kw = {}
+    while "--set" in args:
+        i = args.index("--set")
+        name, value = args[i + 1].split("=", 1)
+        kw[name] = float(value)
+        del args[i:i + 2]
     for flag in ("--margin", "--keep-margin"):
         if flag in args:
             i = args.index(flag)

@@ -81,12 +81,23 @@ PRIORS = {"ngram": [0.4] + [0.75] * 15, "model": [0.65] * 16}
 # (benchmarks/replay_planner.py; docs/planner.md); a flat 0.15 forwent torch's 15-18% on prose
 MARGIN = 0.03
 MARGIN_PER_DRAFT_STEP = 1 / 3
+# and, for a cheap drafter, 0.03 more per plain step a round would waste if its whole draft were
+# rejected (Planner.risk): where verifying k = 2 costs 2.2 plain steps and k = 16 costs 9.9 (llama.cpp
+# on an AMD EPYC, 2 cores) only long drafts can pay, and a long draft taken on a few tokens' evidence
+# cost 8 plain steps when it failed (QA 0.91x plain, planner_llama_v13). A draft model's margin
+# already grows with its draft's cost; there the same term lost 1-10% on code in replays
+RISK = 0.03
 
 
 def prior_for(drafter: str, max_draft: int) -> list[float]:
     """PRIORS for positions 1..max_draft (the last value repeated past the table)."""
     prior = PRIORS.get(drafter, [0.6] * max_draft)[:max_draft]
     return prior + [prior[-1]] * (max_draft - len(prior))
+
+
+def risk_for(draft) -> float:
+    """Planner.risk for a draft model's curve (None: a cheap drafter)."""
+    return RISK if draft is None else 0.0
 
 
 def margin_for(verify, draft) -> float:
@@ -110,6 +121,7 @@ def make_planner(runner, drafter, max_draft: int = 16, batch_sizes=(1,), log=pri
     if not drafter.cheap:
         draft = CostCurve.from_profile(cached_profile(drafter.runner, (1,), range(1, 18), log=log))
     kw.setdefault("margin", margin_for(verify, draft))
+    kw.setdefault("risk", risk_for(draft))
     return Planner(verify, draft, prior=prior_for(drafter.name, max_draft), max_draft=max_draft, **kw)
 
 

@@ -278,11 +278,13 @@ class Planner:
     def __init__(self, verify_curve: CostCurve, draft_curve: CostCurve | None = None,
                  prior: float | list[float] = 0.6, max_draft: int = 16, margin: float = 0.03,
                  online: bool = True, prior_strength: float = 0.5, probe_max: int = 2, look_first: int = 3,
-                 keep_margin: float | None = None, whole_forget: float = 0.97, whole_strength: float = 2.0, whole_z: float = 1.0):
+                 keep_margin: float | None = None, whole_forget: float = 0.97, whole_strength: float = 2.0, whole_z: float = 1.0,
+                 risk: float = 0.0):
         if max_draft < 1:
             raise ValueError(f"max_draft must be >= 1, got {max_draft}")
         self.verify, self.draft = verify_curve, draft_curve
         self.max_draft, self.margin, self.online, self.probe_max = max_draft, margin, online, probe_max
+        self.risk = risk  # extra margin per plain step a rejected round wastes (_best)
         self.look_first = look_first  # at most this many plain steps before paying the prompt's catch-up (_look)
         # the margin a caught-up draft model must keep beating plain by (None: `margin`). Lower
         # is hysteresis; in replays it cut catch-ups but lost 3% on llama.cpp HumanEval
@@ -393,7 +395,7 @@ class Planner:
         met the request's usual acceptance (~0.7)."""
         if req.whole is None:
             return r_round
-        return min(r_round, self._best(req.whole.lower(self.whole_z), t, r_plain, 0.0)[1])
+        return min(r_round, self._best(req.whole.lower(self.whole_z), t, r_plain, 0.0, 0.0)[1])
 
     def _look(self, catch_up: float, r_plain: float) -> int:
         """Plain steps a request looks at the target's confidence before its draft model pays the
@@ -406,16 +408,21 @@ class Planner:
     def _round_costs(self, d_max: int, n_seqs: int) -> np.ndarray:  # [max(d_max, 0)]
         return np.array([self._round_s(d, n_seqs) for d in range(1, max(d_max, 0) + 1)])
 
-    def _best(self, alpha: np.ndarray, t: np.ndarray, r_plain: float, margin: float | None = None) -> tuple[int, float]:
-        """argmax_d E[N](d) / T(d) over d = 1..len(t) (t: round seconds); d > 0 only if it beats
-        plain by the margin (the planner's unless given)."""
+    def _best(self, alpha: np.ndarray, t: np.ndarray, r_plain: float, margin: float | None = None,
+              risk: float | None = None) -> tuple[int, float]:
+        """argmax_d E[N](d) / T(d) over the d = 1..len(t) (t: round seconds) that beat plain by the
+        margin (the planner's unless given) plus `risk` (the planner's unless given) per plain step
+        the round would waste if its whole draft were rejected, T(d) x rate_plain - 1; none: d = 0."""
         if len(t) == 0:
             return 0, r_plain
         rates = (1.0 + np.cumsum(np.cumprod(alpha[:len(t)]))) / t  # [len(t)] E[N](d) / T(d)
-        i = int(np.argmax(rates))  # the first of equal rates: the shortest draft
         m = self.margin if margin is None else margin
-        if rates[i] <= r_plain or rates[i] < r_plain * (1 + m):
+        k = self.risk if risk is None else risk
+        need = r_plain * (1.0 + m + k * np.maximum(t * r_plain - 1.0, 0.0))  # [len(t)]
+        ok = (rates > need) & (rates > r_plain)
+        if not ok.any():
             return 0, r_plain
+        i = int(np.argmax(np.where(ok, rates, -np.inf)))  # the first of equal rates: the shortest draft
         return i + 1, float(rates[i])
 
     def _first_probe_pays(self, req: RequestPlan, behind: int, t: np.ndarray, r_plain: float,

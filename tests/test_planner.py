@@ -578,3 +578,21 @@ def test_a_run_of_confident_tokens_does_not_pay_a_catch_up_the_request_as_a_whol
         behind += 1
     else:
         raise AssertionError("42 confident tokens in a row and the draft model still never caught up")
+
+
+def test_risk_asks_more_of_a_round_the_more_plain_steps_it_wastes_if_rejected():
+    # llama.cpp on 2 EPYC cores: verifying 2 tokens costs 2.2 plain steps and 16 cost 7.8, so only
+    # long drafts can pay, and one that fails wastes ~7 plain steps; at a 0.915 estimate a 15-token
+    # round promises 1.14x plain, which the risk term (0.03 a wasted step) asks 1.23x of
+    epyc = CostCurve({1: [39, 85, 110, 134, 159, 182, 211, 284, 284, 288, 309, 297, 301, 304, 302, 312, 385]})
+    def first_plan(curve, risk):
+        pl = Planner(curve, prior=0.915, max_draft=16, risk=risk)
+        return pl.plan(pl.new_request(100))
+
+    plans = {r: first_plan(epyc, r) for r in (0.0, 0.03)}
+    assert plans[0.0].d >= 14 and 1.1 < plans[0.0].rate / plans[0.0].plain_rate < 1.2
+    assert plans[0.03].d == 0
+    # torch-like: a rejected 9-token round wastes half a plain step, and the term changes nothing
+    torch_like = CostCurve({1: [288, 304, 327, 400, 404, 410, 407, 439, 445, 435, 468, 463, 470, 467, 516, 481, 736]})
+    ds = [first_plan(torch_like, r).d for r in (0.0, 0.03)]
+    assert ds[0] == ds[1] > 0
