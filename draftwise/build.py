@@ -82,10 +82,10 @@ PRIORS = {"ngram": [0.4] + [0.75] * 15, "model": [0.65] * 16}
 MARGIN = 0.03
 MARGIN_PER_DRAFT_STEP = 1 / 3
 # and, for a cheap drafter, 0.03 more per plain step a round would waste if its whole draft were
-# rejected (Planner.risk): where verifying k = 2 costs 2.2 plain steps and k = 16 costs 9.9 (llama.cpp
+# rejected (Planner.risk): where verifying k = 2 costs 2.2 plain steps and k = 17 costs 9.9 (llama.cpp
 # on an AMD EPYC, 2 cores) only long drafts can pay, and a long draft taken on a few tokens' evidence
 # cost 8 plain steps when it failed (QA 0.91x plain, planner_llama_v13). A draft model's margin
-# already grows with its draft's cost; there the same term lost 1-10% on code in replays
+# already grows with its draft's cost; there the same term lost 3-8% on code in replays
 RISK = 0.03
 
 

@@ -7,15 +7,17 @@ The model (docs/planner.md has the derivation and its assumptions):
     T(D, b)   = T_draft(D) + T_verify(D + 1, b) + overhead             seconds per round, b sequences
     rate(D)   = E[N](D) / T(D, b)                                     D = 0 is a plain step
 
-D* = argmax rate(D) over 0..max_draft; a D > 0 must beat plain by `margin`, so an uncertain gain
-does not make a request slower than plain decoding (`keep_margin`, lower, would let a caught-up
-draft model go on at a smaller predicted gain: hysteresis against paying a catch-up at each
-resume; off by default, see Planner.__init__). T_verify comes from a measured forward-cost
+D* = argmax rate(D) over 0..max_draft; a D > 0 must beat plain by `margin`, plus `risk` per plain
+step the round would waste if rejected, so an uncertain gain does not make a request slower than
+plain decoding (`keep_margin`, lower, would let a caught-up draft model go on at a smaller
+predicted gain: hysteresis against paying a catch-up at each resume; off by default, see
+Planner.__init__). T_verify comes from a measured forward-cost
 profile (draftwise.profile, every k, per batch size), scaled online by the ratio of measured to
 predicted forward time; T_draft from the draft model's profile, or the measured per-call time of
 a cheap drafter. When the draft model has fallen behind (it is not fed while D = 0), resuming
 costs a catch-up forward; it is paid once, so it is set against the time speculation would save
-over the rest of the request rather than against one round.
+over the rest of the request rather than against one round, at the rate the request's long-memory
+acceptance (RequestPlan.whole) promises one standard deviation down.
 """
 from __future__ import annotations
 
@@ -278,8 +280,8 @@ class Planner:
     def __init__(self, verify_curve: CostCurve, draft_curve: CostCurve | None = None,
                  prior: float | list[float] = 0.6, max_draft: int = 16, margin: float = 0.03,
                  online: bool = True, prior_strength: float = 0.5, probe_max: int = 2, look_first: int = 3,
-                 keep_margin: float | None = None, whole_forget: float = 0.97, whole_strength: float = 2.0, whole_z: float = 1.0,
-                 risk: float = 0.0):
+                 keep_margin: float | None = None, whole_forget: float = 0.97, whole_strength: float = 2.0,
+                 whole_z: float = 1.0, risk: float = 0.0):
         if max_draft < 1:
             raise ValueError(f"max_draft must be >= 1, got {max_draft}")
         self.verify, self.draft = verify_curve, draft_curve
@@ -304,8 +306,8 @@ class Planner:
         enough to start from what this engine has seen, weak enough that a request unlike the
         previous ones (a summary after code edits) overrides it within a few rounds."""
         prior = self.workload.alpha()
-        return RequestPlan(Acceptance(prior, strength=1.0), max_tokens,
-                           Acceptance(prior, strength=self.whole_strength, forget=self.whole_forget))
+        whole = None if self.draft is None else Acceptance(prior, self.whole_strength, self.whole_forget)
+        return RequestPlan(Acceptance(prior, strength=1.0), max_tokens, whole)
 
     def draft_cost(self, d: int, behind: int = 1) -> float:
         """Seconds to draft d tokens: one forward feeding the `behind` tokens the draft model has

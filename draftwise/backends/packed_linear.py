@@ -8,9 +8,11 @@ MKL's packed GEMM (`cblas_sgemm_pack` once at load, `cblas_sgemm_compute` per ca
 PyTorch's inductor emits for frozen fp32 linears) keeps the cost nearly flat up to 16 rows
 (1.05 / 1.07 / 1.5 / 1.74 ms for 1 / 4 / 10 / 16 rows), which is what speculation needs.
 
-It is also batch-invariant: a row's result does not depend on how many rows share the call
-(checked in tests/test_packed_linear.py), so a token scored inside a verification forward gets the
-same projections as when decoded alone — fewer near-tie divergences from plain decoding.
+On the Intel Xeon machine it is also batch-invariant: a row's result does not depend on how many
+rows share the call (checked in tests/test_packed_linear.py), so a token scored inside a
+verification forward gets the same projections as when decoded alone — fewer near-tie divergences
+from plain decoding. On 2 AMD EPYC cores it is not (a call of 11 rows differed from 11 one-row
+calls in the last bits): MKL picks its kernels per CPU.
 
 For one or two rows the packed layout is ~10% slower than plain sgemm over a whole model (it
 reads ~1.4× the bytes: MKL pads each packed matrix), so there are two modes:
@@ -18,9 +20,9 @@ reads ~1.4× the bytes: MKL pads each packed matrix), so there are two modes:
   to the packed GEMM, the rest (plain steps, a draft model's steps, prefill, where plain sgemm is
   as fast or faster) to `F.linear`. Fastest at every length; costs the packed copy in memory
   (~1.2× the fp32 weights, 8.3 GB for Qwen-1.5B).
-- "full": packed only, the originals freed. Batch-invariant at every length (a row's result does
-  not depend on how many rows share the call, tests/test_packed_linear.py), so a token scored in
-  a verification forward gets the same projections as when decoded alone; ~10% slower plain steps.
+- "full": packed only, the originals freed. Batch-invariant at every length where MKL's packed
+  kernels are (the Xeon; not the EPYC, above), so a token scored in a verification forward gets
+  the same projections as when decoded alone; ~10% slower plain steps.
 A tied output projection is packed as its own copy; the embedding keeps the original.
 """
 from __future__ import annotations
