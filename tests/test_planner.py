@@ -583,8 +583,9 @@ def test_a_run_of_confident_tokens_does_not_pay_a_catch_up_the_request_as_a_whol
 def test_risk_asks_more_of_a_round_the_more_plain_steps_it_wastes_if_rejected():
     # llama.cpp on 2 EPYC cores: verifying 2 tokens costs 2.2 plain steps and 16 cost 8, so only
     # long drafts can pay, and one that fails wastes ~7 plain steps; at a 0.915 estimate a 15-token
-    # round promises 1.14x plain, which the risk term (0.03 a wasted step) asks 1.23x of
+    # round promises 1.14x plain, which the risk term (0.03 a wasted step) asks 1.24x of
     epyc = CostCurve({1: [39, 85, 110, 134, 159, 182, 211, 284, 284, 288, 309, 297, 301, 304, 302, 312, 385]})
+
     def first_plan(curve, risk):
         pl = Planner(curve, prior=0.915, max_draft=16, risk=risk)
         return pl.plan(pl.new_request(100))
