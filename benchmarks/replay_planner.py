@@ -59,15 +59,12 @@ def main(traces: str, target_profile: str, draft_profile: str | None = None, **k
 
 if __name__ == "__main__":
     args = sys.argv[1:]  # TRACES TARGET_PROFILE [DRAFT_PROFILE] [--margin M] [--keep-margin M] [--set NAME=VALUE]...
-    kw = {}
-    while "--set" in args:
-        i = args.index("--set")
-        name, value = args[i + 1].split("=", 1)
-        kw[name] = float(value)
-        del args[i:i + 2]
-    for flag in ("--margin", "--keep-margin"):
-        if flag in args:
-            i = args.index(flag)
-            kw[flag[2:].replace("-", "_")] = float(args[i + 1])
-            del args[i:i + 2]
-    main(*args, **kw)
+    kw, pos = {}, []
+    while args:
+        a = args.pop(0)
+        if a in ("--margin", "--keep-margin", "--set"):  # --margin M is --set margin=M
+            name, value = (a[2:].replace("-", "_"), args.pop(0)) if a != "--set" else args.pop(0).split("=", 1)
+            kw[name] = float(value)
+        else:
+            pos.append(a)
+    main(*pos, **kw)

@@ -349,12 +349,12 @@ class Planner:
                 later = any(req.plans)
                 r_probe = expected_tokens(up, best_d) / t_probe
                 if (r_probe > r_plain * (1 + self.margin)) if later else \
-                        self._first_probe_pays(req, behind, t, r_plain, r_up):
+                        self._first_probe_pays(req, catch_up, t, r_plain, r_up):
                     return Plan(best_d, best_r, r_plain, probe=True, seconds=t_probe)
             return Plan(0, r_plain, r_plain)
         if best_d == 0:
             return Plan(0, r_plain, r_plain)
-        if not self._catch_up_pays(req, behind, r_plain, self._whole_rate(req, t, r_plain, best_r)):
+        if catch_up > 0 and not self._catch_up_pays(req, catch_up, r_plain, self._whole_rate(req, t, r_plain, best_r)):
             return Plan(0, r_plain, r_plain)
         if self.probe_max > 0 and best_d < d_max:  # one position deeper if optimism about it says it
             deeper = t[best_d]  # pays its verify cost (on torch k = 4 costs ~1.8x
@@ -427,7 +427,7 @@ class Planner:
         i = int(np.argmax(np.where(ok, rates, -np.inf)))  # the first of equal rates: the shortest draft
         return i + 1, float(rates[i])
 
-    def _first_probe_pays(self, req: RequestPlan, behind: int, t: np.ndarray, r_plain: float,
+    def _first_probe_pays(self, req: RequestPlan, catch_up: float, t: np.ndarray, r_plain: float,
                           r_up: float) -> bool:
         """Would the saving speculation promises over the rest of this request win back the
         prompt's catch-up? The rate is the lower of two optimistic bounds, this request's (wide:
@@ -438,16 +438,17 @@ class Planner:
         of evidence at 0.9 decay): on llama.cpp prose a 0.5B draft paid a first probe's
         catch-up (0.3-0.9 s) in 12 of the first 16 requests of a cold start (roleplay, humanities)."""
         d_w, r_w = self._best(self.workload.upper(), t, r_plain)
-        return d_w > 0 and self._catch_up_pays(req, behind, r_plain, min(r_up, r_w), self.probes_pay())
+        return d_w > 0 and self._catch_up_pays(req, catch_up, r_plain, min(r_up, r_w), self.probes_pay())
 
-    def _catch_up_pays(self, req: RequestPlan, behind: int, r_plain: float, r_spec: float,
+    def _catch_up_pays(self, req: RequestPlan, catch_up: float, r_plain: float, r_spec: float,
                        chance: float = 1.0) -> bool:
-        """A draft model that fell behind catches up once; worth it if the rest of the request,
-        at the speculative rate, saves more than that forward costs (times the chance that the
-        saving happens at all: for a first probe, how often recent first probes paid off)."""
-        if self.draft is None or behind <= 1:
+        """A draft model that fell behind catches up once (`catch_up` seconds, _catch_up_s; 0 when
+        it has not); worth it if the rest of the request, at the speculative rate, saves more than
+        that forward costs (times the chance that the saving happens at all: for a first probe, how
+        often recent first probes paid off)."""
+        if catch_up <= 0:
             return True
-        return chance * req.remaining * (1.0 / r_plain - 1.0 / r_spec) > self._catch_up_s(behind)
+        return chance * req.remaining * (1.0 / r_plain - 1.0 / r_spec) > catch_up
 
     def probes_pay(self) -> float:
         """Optimistic bound (mean + one sd, Beta(1, 1) prior) on the share of recent requests whose
@@ -503,28 +504,25 @@ class Planner:
         if req.probed and plan.d > 0 and round_s is not None:
             req.saved_s += emitted * (self.verify(1) + self.overhead_s) - round_s
         after = None if stop_confidence is None else self.calib(stop_confidence)
+        observed = req.estimates() + [self.workload]
         if proposed > 0:
-            for a in req.estimates():
+            for a in observed:
                 a.observe(proposed, accepted, after)
-            self.workload.observe(proposed, accepted, after)
         elif after is not None:  # the draft dropped its first token: a shadow of position 1
-            for a in req.estimates():
+            for a in observed:
                 a.observe_shadow(after)
-            self.workload.observe_shadow(after)
         elif shadow_top is not None:  # the target's confidence: a shadow of every position
-            for a in req.estimates():
+            for a in observed:
                 a.observe_shadow(shadow_top, self.max_draft)
-            self.workload.observe_shadow(shadow_top, self.max_draft)
-        else:
+        else:  # nothing observed: the request's estimates drift back (the workload's do not)
             for a in req.estimates():
                 a.relax()
 
     def shadow(self, req: RequestPlan, p_accept: float) -> None:
         """A cheap drafter's unverified first token, scored against the plain step's target
         probabilities: keeps the acceptance estimate alive while D = 0."""
-        for a in req.estimates():
+        for a in req.estimates() + [self.workload]:
             a.observe_shadow(p_accept)
-        self.workload.observe_shadow(p_accept)
 
     def observe_times(self, k: int, n_seqs: int, forward_s: float, d: int, behind: int, draft_s: float,
                       overhead_s: float) -> None:
