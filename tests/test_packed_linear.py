@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from draftwise.backends import packed_linear
-from draftwise.backends.packed_linear import PackedLinear, pack_linears
+from draftwise.backends.packed_linear import OneDNNLinear, PackedLinear, pack_linears
 
 pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="torch built without MKL")
 
@@ -25,6 +25,21 @@ def test_matches_linear(bias, keep):
         got = pl(x)
         assert got.shape == want.shape and got.dtype == torch.float32
         assert torch.allclose(got.double(), want, atol=1e-4), shape
+
+
+@pytest.mark.skipif(not packed_linear.onednn_available(), reason="torch built without oneDNN")
+@pytest.mark.parametrize("bias", [True, False])
+def test_onednn_matches_linear(bias):
+    torch.manual_seed(0)
+    lin = nn.Linear(96, 200, bias=bias)
+    ref_w, ref_b = lin.weight.detach().double(), None if lin.bias is None else lin.bias.detach().double()
+    ol = OneDNNLinear(lin)
+    x = torch.randn(3, 40, 96)
+    for got_x in [x[0, :1], x[0, :2], x[:1, :11], x, x.transpose(0, 1)]:  # last: not contiguous
+        want = nn.functional.linear(got_x.double(), ref_w, ref_b)
+        got = ol(got_x)
+        assert got.shape == want.shape and got.dtype == torch.float32
+        assert torch.allclose(got.double(), want, atol=1e-4), got_x.shape
 
 
 INTEL = os.path.exists("/proc/cpuinfo") and "GenuineIntel" in open("/proc/cpuinfo").read()
@@ -73,7 +88,8 @@ def test_runner_modes_agree_on_greedy_tokens():
     from draftwise.backends.torch_runner import TorchRunner
 
     outs = {}
-    for mode in ("off", "hybrid", "full"):
+    modes = ("off", "hybrid", "full") + (("onednn",) if packed_linear.onednn_available() else ())
+    for mode in modes:
         runner = TorchRunner(_tiny_qwen(), pack=mode)
         assert runner.packed == mode
         seq = runner.new_sequence()
@@ -87,7 +103,26 @@ def test_runner_modes_agree_on_greedy_tokens():
         batch = runner.forward([seq], [toks], [len(toks)])[0]  # [10, V], like a D = 9 verification
         assert batch.argmax(-1).tolist()[:-1] == toks[1:]
         outs[mode] = toks
-    assert outs["off"] == outs["hybrid"] == outs["full"]
+    assert all(outs[m] == outs["off"] for m in modes)
+
+
+def test_choice_is_measured_only_on_models_worth_timing(monkeypatch):
+    """No mode requested: a tiny model keeps the memory-based MKL choice (its timing would be
+    noise); a model with a large linear is timed, and the fastest kernel's mode is taken."""
+    monkeypatch.delenv("DRAFTWISE_TORCH_PACK", raising=False)
+    assert packed_linear.choose_mode(_tiny_qwen()) in ("hybrid", "full")
+    assert packed_linear.choose_mode(_tiny_qwen(), "single") == "off"
+    calls = []
+    monkeypatch.setattr(packed_linear, "_best_s", lambda f, x, r: calls.append(isinstance(f, OneDNNLinear))
+                        or (0.5 if isinstance(f, OneDNNLinear) else 1.0))
+    big = nn.Sequential(nn.Linear(1024, 1100))
+    if packed_linear.onednn_available():
+        assert packed_linear.choose_mode(big) == packed_linear.choose_mode(big, "single") == "onednn"
+        assert True in calls and False in calls
+    monkeypatch.setattr(packed_linear, "_best_s", lambda f, x, r: 0.95 if isinstance(f, OneDNNLinear) else 1.0)
+    assert packed_linear.choose_mode(big) in ("hybrid", "full")  # faster, but not clearly
+    assert packed_linear.choose_mode(big, "single") == "off"
+    assert packed_linear.choose_mode(big, "onednn") == "onednn"  # a request is not second-guessed
 
 
 def test_bad_mode_is_refused(monkeypatch):

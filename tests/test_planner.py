@@ -204,18 +204,36 @@ def test_model_drafter_early_stop():
     kept = dr.propose(2, PROMPT, 6, params, None, StopRule([lo] * 6, [lo, lo, hi, lo, lo]))
     assert kept.tokens == full.tokens[:3] and kept.forwards == 3
     assert kept.confidence == pytest.approx([conf] * 3) and kept.stop_confidence == pytest.approx(conf)
-    # token 3 falls below its bar to be kept: dropped (its forward was run) and drafting stops
-    dropped = dr.propose(3, PROMPT, 6, params, None, StopRule([lo, lo, hi, lo, lo, lo], [lo] * 5))
+    # drafting stops at token 3, which falls below its bar to be kept: dropped (its forward was run)
+    dropped = dr.propose(3, PROMPT, 6, params, None, StopRule([lo, lo, hi, lo, lo, lo], [lo, lo, hi, lo, lo]))
     assert dropped.tokens == full.tokens[:2] and dropped.forwards == 3
     assert dropped.stop_confidence == pytest.approx(conf)
+    # the keep bar is read only where drafting stops: token 3 below it but above its go-on bar
+    # is drafted on from (a non-convex verify curve: a token that cannot pay alone can as the
+    # start of a longer draft), and the last token, where drafting stops anyway, is dropped
+    on = dr.propose(4, PROMPT, 6, params, None, StopRule([lo, lo, hi, lo, lo, hi], [lo] * 5))
+    assert on.tokens == full.tokens[:5] and on.forwards == 6 and on.stop_confidence == pytest.approx(conf)
+
+
+def test_a_confident_draft_runs_the_plan_where_its_first_token_alone_cannot_pay():
+    """torch on the AMD EPYC: verifying 2 tokens cost 2.35 plain steps, 16 tokens 2.5. A plan of
+    15 pays; its first token alone never does (keep bar > 1). The draft must still be drafted in
+    full, not dropped at its first token every step (v13: 0.72x plain on EditEval)."""
+    ms = [355, 833, 1010, 767, 750, 759, 874, 751, 862, 885, 1313, 864, 885, 874, 935, 886, 988]
+    pl = Planner(CostCurve({1: ms}), curve(10.0, first_ms=10.0), prior=0.98, max_draft=16, online=False)
+    p = pl.plan(pl.new_request(100))
+    assert p.d >= 8 and p.stop.keep[0] > 1.0  # a lone first token cannot be kept
+    dr = ModelDrafter(CycleRunner())  # confident: its own p of each token ~0.99
+    prop = dr.propose(1, PROMPT, p.d, SamplingParams(0.0), None, p.stop)
+    assert len(prop.tokens) >= p.d - 1 and prop.tokens == dr.propose(2, PROMPT, len(prop.tokens), SamplingParams(0.0), None).tokens
 
 
 def test_early_stopped_round_charges_the_dropped_tokens_forward():
     class StopAfterTwo(Planner):  # every plan stops the draft before its third token
         def plan(self, req, n_seqs=1, available=None, behind=1):
             p = super().plan(req, n_seqs, available, behind)
-            if p.d > 2:  # keep tokens 1, 2, drop token 3
-                p.stop = StopRule([0.0, 0.0] + [1.1] * (p.d - 2), [0.0] * (p.d - 1))
+            if p.d > 2:  # keep tokens 1, 2, stop at token 3 and drop it
+                p.stop = StopRule([0.0, 0.0] + [1.1] * (p.d - 2), [0.0, 0.0] + [1.1] * (p.d - 3))
             return p
 
         def observe_times(self, k, n_seqs, forward_s, d, behind, draft_s, overhead_s):
@@ -240,8 +258,8 @@ def test_predicted_times_count_the_tokens_emitted_not_the_plans_expectation():
     class StopAfterOne(Planner):  # plans long drafts, every one stopped after its first token
         def plan(self, req, n_seqs=1, available=None, behind=1):
             p = super().plan(req, n_seqs, available, behind)
-            if p.d > 1:
-                p.stop = StopRule([0.0] + [1.1] * (p.d - 1), [0.0] * (p.d - 1))
+            if p.d > 1:  # keep token 1, stop at token 2 and drop it
+                p.stop = StopRule([0.0] + [1.1] * (p.d - 1), [0.0] + [1.1] * (p.d - 2))
             return p
 
         def commit(self, req, plan, proposed, accepted, emitted, *a, **kw):

@@ -192,7 +192,7 @@ def test_planner_policy_prices_draft_catch_up_and_stops_drafts_early():
             asked.append(behind)
             p = super().plan(req, n_seqs, available, behind)
             if p.d > 2:
-                p.stop = StopRule([0.0, 0.0] + [1.1] * (p.d - 2), [0.0] * (p.d - 1))
+                p.stop = StopRule([0.0, 0.0] + [1.1] * (p.d - 2), [0.0, 0.0] + [1.1] * (p.d - 3))
             return p
     asked = []
     ms = [10.0 + 0.5 * k for k in range(8)]

@@ -1,4 +1,4 @@
-"""fp32 linear layers on MKL's packed GEMM, for short forwards on a CPU.
+"""fp32 linear layers on MKL's packed GEMM or oneDNN's matmul, for short forwards on a CPU.
 
 `F.linear` on a CPU sends a few rows through MKL's plain sgemm, whose cost rises in steps with
 the row count here (1–3 rows ≈ 1 unit, 4–6 ≈ 2, 7–9 ≈ 3, 10–12 ≈ 4: a 1536→8960 projection took
@@ -23,22 +23,38 @@ reads ~1.4× the bytes: MKL pads each packed matrix), so there are two modes:
 - "full": packed only, the originals freed. Batch-invariant at every length where MKL's packed
   kernels are (the Xeon; not the EPYC, above), so a token scored in a verification forward gets
   the same projections as when decoded alone; ~10% slower plain steps.
+- "onednn": every linear on oneDNN's matmul over a weight reordered for it
+  (`mkldnn::_reorder_linear_weight` + `mkldnn::_linear_pointwise`, the ops inductor emits for frozen
+  fp32 linears without MKL), originals freed. On the 2 AMD EPYC cores MKL takes a slow path: a
+  1536 -> 8960 projection cost 3.5 / 7.7 / 11.4 / 8.6 ms for 1 / 2 / 3 / 16 rows on sgemm and
+  2.8 / 5.2 / 7.7 / 8.1 packed, but 2.4 / 2.6 / 2.1 / 3.0 on oneDNN (benchmarks/linear_kernels.py,
+  docs/results.md §3): faster plain steps and a nearly flat verification curve. Not batch-invariant
+  at that size (its kernels depend on the row count).
+With no mode requested, `choose_mode` times oneDNN against MKL on one of the model's own layers and
+takes oneDNN where it is clearly faster at both 1 and 16 rows, else the memory-based MKL choice.
 A tied output projection is packed as its own copy; the embedding keeps the original.
 """
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 from torch import nn
 
 PACK_ROWS = 16  # the row count MKL is told to pack for; larger calls still compute correctly
 HYBRID_ROWS = (4, 32)  # hybrid mode: only calls with this many rows use the packed GEMM
-MODES = ("off", "hybrid", "full")
+MODES = ("off", "hybrid", "full", "onednn")
+CLEARLY = 0.9  # oneDNN is chosen only where it takes at most this share of MKL's time (choose_mode)
+MIN_TIMED = 2**20  # models whose largest linear is smaller are not timed (tests' tiny models: no choice by noise)
 
 
 def available() -> bool:
     return bool(torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"))
+
+
+def onednn_available() -> bool:
+    return bool(torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
 class PackedLinear(nn.Module):
@@ -67,13 +83,31 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, packed=mkl"
 
 
+class OneDNNLinear(nn.Module):
+    """y = x @ W.T + b with W reordered for oneDNN's matmul; inference only."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        w = linear.weight.detach()  # [N, K]
+        self.in_features, self.out_features = int(w.shape[1]), int(w.shape[0])
+        self.register_buffer("reordered", torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PACK_ROWS),
+                             persistent=False)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.reordered, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed=onednn"
+
+
 def pack_linears(model: nn.Module, mode: str = "hybrid") -> int:
-    """Replace every fp32 `nn.Linear` of a CPU model by a PackedLinear, in place; returns how many.
-    In "full" mode layers are packed one at a time and their weights dropped, so memory peaks at
-    one layer's copy."""
+    """Replace every fp32 `nn.Linear` of a CPU model by a PackedLinear (or OneDNNLinear), in place;
+    returns how many. Outside "hybrid" layers are packed one at a time and their weights dropped,
+    so memory peaks at one layer's copy."""
     if mode not in MODES:
         raise ValueError(f"packed linear mode must be one of {MODES}, got {mode!r}")
-    if mode == "off" or not available():
+    if mode == "off" or not (onednn_available() if mode == "onednn" else available()):
         return 0
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if emb is not None and isinstance(emb, nn.Embedding):  # untie: the embedding keeps its weight
@@ -82,7 +116,8 @@ def pack_linears(model: nn.Module, mode: str = "hybrid") -> int:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
-                setattr(parent, name, PackedLinear(child, keep_original=mode == "hybrid"))
+                setattr(parent, name, OneDNNLinear(child) if mode == "onednn"
+                        else PackedLinear(child, keep_original=mode == "hybrid"))
                 count += 1
     if hasattr(model, "config"):
         model.config.tie_word_embeddings = False  # the output projection is now its own copy
@@ -90,17 +125,60 @@ def pack_linears(model: nn.Module, mode: str = "hybrid") -> int:
 
 
 def choose_mode(model: nn.Module, requested: str | None = None) -> str:
-    """The requested mode, else DRAFTWISE_TORCH_PACK, else "hybrid" when the packed copy (~1.4×
-    the linear weights) fits in available memory with 2 GiB to spare, "full" otherwise."""
+    """The requested mode, else DRAFTWISE_TORCH_PACK, else measured: "onednn" where it is clearly
+    faster than MKL on this CPU (_onednn_faster), else "hybrid" when the packed copy (~1.4× the
+    linear weights) fits in available memory with 2 GiB to spare, "full" otherwise. Requested
+    "single" (a draft model, stepped one token at a time): "onednn" where it is faster, else "off"."""
     mode = requested or os.environ.get("DRAFTWISE_TORCH_PACK") or None
     if mode in ("0", "1"):
         mode = {"0": "off", "1": "hybrid"}[mode]
-    if mode is not None:
+    if mode is not None and mode != "single":
         if mode not in MODES:
-            raise ValueError(f"packed linear mode must be one of {MODES}, got {mode!r}")
+            raise ValueError(f"packed linear mode must be one of {MODES} (or single), got {mode!r}")
         return mode
+    if _onednn_faster(model):
+        return "onednn"
+    if mode == "single":
+        return "off"
     linear_bytes = sum(m.weight.numel() * 4 for m in model.modules() if type(m) is nn.Linear)
     return "hybrid" if 1.4 * linear_bytes + 2 * 2**30 < _available_bytes() else "full"
+
+
+def _onednn_faster(model: nn.Module, repeats: int = 5) -> bool:
+    """Time one of the model's largest linears (not the output projection) at 1 and 16 rows on
+    oneDNN and on MKL (sgemm at 1 row, the better of sgemm and packed at 16); True where oneDNN
+    takes at most CLEARLY of MKL's time at both. Models too small to time reliably: False."""
+    if not onednn_available():
+        return False
+    out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    lins = [m for m in model.modules() if type(m) is nn.Linear and m is not out_emb
+            and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+    if not lins or max(m.weight.numel() for m in lins) < MIN_TIMED:
+        return False
+    lin = max(lins, key=lambda m: m.weight.numel())
+    w, b = lin.weight.detach().contiguous(), lin.bias  # [N, K], [N] or None
+    one = OneDNNLinear(lin)
+    mkl = {1: [lambda x: nn.functional.linear(x, w, b)], 16: [lambda x: nn.functional.linear(x, w, b)]}
+    if available():
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(w, PACK_ROWS)
+        mkl[16].append(lambda x: torch.ops.mkl._mkl_linear(x, packed, w, b, x.shape[0]))
+    with torch.inference_mode():
+        for rows, fs in mkl.items():
+            x = torch.randn(rows, w.shape[1])
+            if _best_s(one, x, repeats) > CLEARLY * min(_best_s(f, x, repeats) for f in fs):
+                return False
+    return True
+
+
+def _best_s(f, x: torch.Tensor, repeats: int) -> float:
+    """Fastest of `repeats` timed calls, after one warm-up."""
+    f(x)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f(x)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def _available_bytes() -> float:

@@ -22,9 +22,9 @@ class TorchRunner:
 
     def __init__(self, model, max_context: int | None = None, device: str | torch.device = "cpu",
                  pack: str | None = None):
-        """pack: "off", "hybrid" or "full" — fp32 linears on MKL's packed GEMM for multi-token
-        forwards (packed_linear.py); None = DRAFTWISE_TORCH_PACK or a memory-based choice, for fp32
-        on a CPU only."""
+        """pack: "off", "hybrid", "full" or "onednn" — fp32 linears on MKL's packed GEMM or oneDNN
+        (packed_linear.py); None = DRAFTWISE_TORCH_PACK or a measured choice, "single" the choice
+        for a model stepped one token at a time; for fp32 on a CPU only."""
         self.model = model.eval().to(device)
         self.device = torch.device(device)
         cfg = model.config

@@ -97,7 +97,8 @@ class _Run:
             tok = sample(q[0], self.gen)
             conf = float(q[0, tok])
         rule = self.stop
-        if rule is not None and rule.drops(i, conf):
+        stops = rule is not None and (i + 1 >= self.n or rule.ends_at(i, conf))  # StopRule: go-on bar first
+        if stops and rule.drops(i, conf):
             self.done, self.stop_conf = True, conf  # not worth verifying: drop it and stop
             return
         if not self.params.greedy:
@@ -106,7 +107,7 @@ class _Run:
         self.confs.append(conf)
         self.feed = [tok]
         self.done = len(self.tokens) >= self.n
-        if not self.done and rule is not None and rule.ends_at(i, conf):
+        if stops and not self.done:
             self.done, self.stop_conf = True, conf  # keep it, but drafting on would not pay
 
     def proposal(self) -> Proposal:

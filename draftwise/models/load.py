@@ -42,7 +42,7 @@ def load_tokenizer(src: ModelSource) -> Tokenizer:
 def load_torch(spec: str, device: str = "cpu", threads: int | None = None, max_context: int | None = None,
                pack: str | None = None):
     """(TorchRunner, Tokenizer) for a model spec; fp32 on CPU. pack: TorchRunner's packed-linear
-    mode ("off", "hybrid", "full"; None chooses)."""
+    mode ("off", "hybrid", "full", "onednn"; None or "single" chooses)."""
     import torch
     from transformers import AutoModelForCausalLM
 
