@@ -110,6 +110,7 @@ def test_choice_is_measured_only_on_models_worth_timing(monkeypatch):
     """No mode requested: a tiny model keeps the memory-based MKL choice (its timing would be
     noise); a model with a large linear is timed, and the fastest kernel's mode is taken."""
     monkeypatch.delenv("DRAFTWISE_TORCH_PACK", raising=False)
+    monkeypatch.setattr(packed_linear, "_CHOSEN", {})
     assert packed_linear.choose_mode(_tiny_qwen()) in ("hybrid", "full")
     assert packed_linear.choose_mode(_tiny_qwen(), "single") == "off"
     calls = []
@@ -120,6 +121,8 @@ def test_choice_is_measured_only_on_models_worth_timing(monkeypatch):
         assert packed_linear.choose_mode(big) == packed_linear.choose_mode(big, "single") == "onednn"
         assert True in calls and False in calls
     monkeypatch.setattr(packed_linear, "_best_s", lambda f, x, r: 0.95 if isinstance(f, OneDNNLinear) else 1.0)
+    assert packed_linear.choose_mode(big) == "onednn" or not packed_linear.onednn_available()  # measured once
+    packed_linear._CHOSEN.clear()
     assert packed_linear.choose_mode(big) in ("hybrid", "full")  # faster, but not clearly
     assert packed_linear.choose_mode(big, "single") == "off"
     assert packed_linear.choose_mode(big, "onednn") == "onednn"  # a request is not second-guessed

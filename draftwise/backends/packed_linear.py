@@ -47,6 +47,7 @@ HYBRID_ROWS = (4, 32)  # hybrid mode: only calls with this many rows use the pac
 MODES = ("off", "hybrid", "full", "onednn")
 CLEARLY = 0.9  # oneDNN is chosen only where it takes at most this share of MKL's time (choose_mode)
 MIN_TIMED = 2**20  # models whose largest linear is smaller are not timed (tests' tiny models: no choice by noise)
+_CHOSEN: dict[tuple[int, int], bool] = {}  # layer shape -> oneDNN faster: measured once per process
 
 
 def available() -> bool:
@@ -147,7 +148,8 @@ def choose_mode(model: nn.Module, requested: str | None = None) -> str:
 def _onednn_faster(model: nn.Module, repeats: int = 5) -> bool:
     """Time one of the model's largest linears (not the output projection) at 1 and 16 rows on
     oneDNN and on MKL (sgemm at 1 row, the better of sgemm and packed at 16); True where oneDNN
-    takes at most CLEARLY of MKL's time at both. Models too small to time reliably: False."""
+    takes at most CLEARLY of MKL's time at both; measured once per layer shape and process. Models
+    too small to time reliably: False."""
     if not onednn_available():
         return False
     out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -156,6 +158,13 @@ def _onednn_faster(model: nn.Module, repeats: int = 5) -> bool:
     if not lins or max(m.weight.numel() for m in lins) < MIN_TIMED:
         return False
     lin = max(lins, key=lambda m: m.weight.numel())
+    shape = tuple(lin.weight.shape)
+    if shape not in _CHOSEN:  # two loads of one model in a process get the same kernels
+        _CHOSEN[shape] = _time_onednn(lin, repeats)
+    return _CHOSEN[shape]
+
+
+def _time_onednn(lin: nn.Linear, repeats: int) -> bool:
     w, b = lin.weight.detach().contiguous(), lin.bias  # [N, K], [N] or None
     one = OneDNNLinear(lin)
     mkl = {1: [lambda x: nn.functional.linear(x, w, b)], 16: [lambda x: nn.functional.linear(x, w, b)]}
