@@ -20,15 +20,17 @@ import time
 import torch
 import torch.nn.functional as F
 
+from draftwise.backends import packed_linear
 
-def kernels(w: torch.Tensor, rows_packed: int = 16) -> dict:
+
+def kernels(w: torch.Tensor) -> dict:
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+    lin.weight.data = w
     out = {"sgemm": lambda x: F.linear(x, w)}
-    if torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"):
-        packed = torch.ops.mkl._mkl_reorder_linear_weight(w, rows_packed)
-        out["mkl_packed"] = lambda x: torch.ops.mkl._mkl_linear(x, packed, w, None, x.shape[0])
-    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-        reordered = torch.ops.mkldnn._reorder_linear_weight(w, rows_packed)
-        out["onednn"] = lambda x: torch.ops.mkldnn._linear_pointwise(x, reordered, None, "none", [], "")
+    if packed_linear.available():
+        out["mkl_packed"] = packed_linear.PackedLinear(lin)  # packed only: every row count on MKL's packed GEMM
+    if packed_linear.onednn_available():
+        out["onednn"] = packed_linear.OneDNNLinear(lin)
     return out
 
 

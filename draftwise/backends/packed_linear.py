@@ -58,21 +58,32 @@ def onednn_available() -> bool:
     return bool(torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
-class PackedLinear(nn.Module):
-    """y = x @ W.T + b with W held in MKL's packed layout; inference only."""
+class _ReorderedLinear(nn.Module):
+    """y = x @ W.T + b with W held in a kernel's own layout (`reorder(W, PACK_ROWS)`); inference only."""
+    kernel = ""
 
-    def __init__(self, linear: nn.Linear, keep_original: bool = False):
+    def __init__(self, linear: nn.Linear, reorder):
         super().__init__()
         w = linear.weight.detach()  # [N, K]
         self.in_features, self.out_features = int(w.shape[1]), int(w.shape[0])
-        self.register_buffer("packed", torch.ops.mkl._mkl_reorder_linear_weight(w.contiguous(), PACK_ROWS),
-                             persistent=False)
+        self.register_buffer("packed", reorder(w.contiguous(), PACK_ROWS), persistent=False)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed={self.kernel}"
+
+
+class PackedLinear(_ReorderedLinear):
+    """W in MKL's packed layout; with `keep_original`, the original too, for calls outside HYBRID_ROWS."""
+    kernel = "mkl"
+
+    def __init__(self, linear: nn.Linear, keep_original: bool = False):
+        super().__init__(linear, torch.ops.mkl._mkl_reorder_linear_weight)
         # `_mkl_linear` reads only the sizes and dtype of the original weight on the packed path
         # (it is taken only when its batch argument equals the row count, which forward ensures)
         self.register_buffer("shape_only", torch.zeros(1).expand(self.out_features, self.in_features),
                              persistent=False)
-        self.weight = nn.Parameter(w, requires_grad=False) if keep_original else None
+        self.weight = nn.Parameter(linear.weight.detach(), requires_grad=False) if keep_original else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
         rows = x.numel() // self.in_features
@@ -80,26 +91,16 @@ class PackedLinear(nn.Module):
             return nn.functional.linear(x, self.weight, self.bias)
         return torch.ops.mkl._mkl_linear(x, self.packed, self.shape_only, self.bias, rows)
 
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed=mkl"
 
-
-class OneDNNLinear(nn.Module):
-    """y = x @ W.T + b with W reordered for oneDNN's matmul; inference only."""
+class OneDNNLinear(_ReorderedLinear):
+    """W reordered for oneDNN's matmul."""
+    kernel = "onednn"
 
     def __init__(self, linear: nn.Linear):
-        super().__init__()
-        w = linear.weight.detach()  # [N, K]
-        self.in_features, self.out_features = int(w.shape[1]), int(w.shape[0])
-        self.register_buffer("reordered", torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PACK_ROWS),
-                             persistent=False)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        super().__init__(linear, torch.ops.mkldnn._reorder_linear_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.reordered, self.bias, "none", [], "")
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed=onednn"
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
 
 
 def pack_linears(model: nn.Module, mode: str = "hybrid") -> int:
@@ -165,15 +166,11 @@ def _onednn_faster(model: nn.Module, repeats: int = 5) -> bool:
 
 
 def _time_onednn(lin: nn.Linear, repeats: int) -> bool:
-    w, b = lin.weight.detach().contiguous(), lin.bias  # [N, K], [N] or None
     one = OneDNNLinear(lin)
-    mkl = {1: [lambda x: nn.functional.linear(x, w, b)], 16: [lambda x: nn.functional.linear(x, w, b)]}
-    if available():
-        packed = torch.ops.mkl._mkl_reorder_linear_weight(w, PACK_ROWS)
-        mkl[16].append(lambda x: torch.ops.mkl._mkl_linear(x, packed, w, b, x.shape[0]))
+    mkl = {1: [lin], 16: [lin] + ([PackedLinear(lin)] if available() else [])}  # nn.Linear: sgemm
     with torch.inference_mode():
         for rows, fs in mkl.items():
-            x = torch.randn(rows, w.shape[1])
+            x = torch.randn(rows, lin.in_features)
             if _best_s(one, x, repeats) > CLEARLY * min(_best_s(f, x, repeats) for f in fs):
                 return False
     return True
