@@ -64,7 +64,7 @@ if __name__ == "__main__":
         a = args.pop(0)
         if a in ("--margin", "--keep-margin", "--set"):  # --margin M is --set margin=M
             name, value = (a[2:].replace("-", "_"), args.pop(0)) if a != "--set" else args.pop(0).split("=", 1)
-            kw[name] = float(value)
+            kw[name] = int(value) if value.lstrip("-").isdigit() else float(value)
         else:
             pos.append(a)
     main(*pos, **kw)
