@@ -1,0 +1,52 @@
+"""Where a run's time went, per category and configuration, summed over its requests (all repeats):
+wall, prefill, drafting and verification seconds, rounds, plain steps, proposed and accepted
+draft tokens, ms per target forward after the prefill (verification rounds and plain steps alike)
+and drafting ms per proposed token; then, for an `auto` configuration, its rounds by how many
+tokens they verified, with their median measured ms (rounds catching up on > 2 tokens left out).
+
+    .venv/bin/python benchmarks/step_costs.py docs/data/planner_torch_v15 model
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import Counter, defaultdict
+
+KEYS = ("wall_s", "prefill_s", "draft_s", "verify_s", "verification_rounds", "plain_steps",
+        "proposed_tokens", "accepted_draft_tokens")
+
+
+def main(run: str, drafter: str) -> None:
+    rows = [json.loads(x) for x in open(f"{run}/requests.jsonl")]
+    reqs = [r for r in rows if r.get("kind") == "request"]
+    cats = list(dict.fromkeys(r["category"] for r in reqs))
+    cfgs = ["plain"] + sorted({r["config"] for r in reqs if r["config"].startswith(drafter + ":")})
+    tot: dict = defaultdict(lambda: defaultdict(float))
+    for r in reqs:
+        for k in KEYS:
+            tot[(r["category"], r["config"])][k] += r["stats"][k]
+    print(f"{'category':14} {'config':11} {'wall':>6} {'pre':>5} {'draft':>6} {'verify':>6} {'rounds':>6} "
+          f"{'plain':>5} {'prop':>5} {'acc':>5}  ms/forward  draft ms/token")
+    for c in cats:
+        for g in cfgs:
+            a = tot[(c, g)]
+            fw = a["verification_rounds"] + a["plain_steps"]  # target forwards after the prefill (about)
+            print(f"{c:14} {g:11} {a['wall_s']:6.1f} {a['prefill_s']:5.1f} {a['draft_s']:6.1f} {a['verify_s']:6.1f} "
+                  f"{a['verification_rounds']:6.0f} {a['plain_steps']:5.0f} {a['proposed_tokens']:5.0f} "
+                  f"{a['accepted_draft_tokens']:5.0f}  {1000 * a['verify_s'] / max(fw, 1):10.0f}  "
+                  f"{1000 * a['draft_s'] / max(a['proposed_tokens'], 1):13.0f}")
+    auto = f"{drafter}:auto"
+    print(f"\n{auto} rounds by tokens proposed (0 = a plain step or a dropped draft): count, median ms")
+    for c in cats:
+        ms: dict = defaultdict(list)
+        for r in reqs:
+            if r["config"] == auto and r["category"] == c:
+                for p in r.get("plans") or []:  # [planned D, proposed, behind, predicted ms, measured ms, ...]
+                    if p[2] <= 2:
+                        ms[p[1]].append(p[4])
+        print(f"{c:14} " + "  ".join(f"{k}: {len(v)} x {statistics.median(v):.0f}" for k, v in sorted(ms.items())))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "model")
