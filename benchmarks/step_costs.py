@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from collections import Counter, defaultdict
+from collections import defaultdict
 
 KEYS = ("wall_s", "prefill_s", "draft_s", "verify_s", "verification_rounds", "plain_steps",
         "proposed_tokens", "accepted_draft_tokens")
