@@ -1,8 +1,9 @@
 """Where a run's time went, per category and configuration, summed over its requests (all repeats):
 wall, prefill, drafting and verification seconds, rounds, plain steps, proposed and accepted
 draft tokens, ms per target forward after the prefill (verification rounds and plain steps alike)
-and drafting ms per proposed token; then, for an `auto` configuration, its rounds by how many
-tokens they verified, with their median measured ms (rounds catching up on > 2 tokens left out).
+and drafting ms per proposed token; then, for an `auto` configuration, its steps by how many draft
+tokens they proposed (a round verifies one more; 0: a plain step or a draft dropped whole), with
+their median measured ms (rounds catching up on more than 2 tokens left out).
 
     .venv/bin/python benchmarks/step_costs.py docs/data/planner_torch_v15 model
 """
@@ -13,7 +14,7 @@ import statistics
 import sys
 from collections import defaultdict
 
-KEYS = ("wall_s", "prefill_s", "draft_s", "verify_s", "verification_rounds", "plain_steps",
+KEYS = ("requests", "wall_s", "prefill_s", "draft_s", "verify_s", "verification_rounds", "plain_steps",
         "proposed_tokens", "accepted_draft_tokens")
 
 
@@ -25,19 +26,20 @@ def main(run: str, drafter: str) -> None:
     tot: dict = defaultdict(lambda: defaultdict(float))
     for r in reqs:
         for k in KEYS:
-            tot[(r["category"], r["config"])][k] += r["stats"][k]
+            tot[(r["category"], r["config"])][k] += r["stats"][k] if k != "requests" else 1
     print(f"{'category':14} {'config':11} {'wall':>6} {'pre':>5} {'draft':>6} {'verify':>6} {'rounds':>6} "
           f"{'plain':>5} {'prop':>5} {'acc':>5}  ms/forward  draft ms/token")
     for c in cats:
         for g in cfgs:
             a = tot[(c, g)]
-            fw = a["verification_rounds"] + a["plain_steps"]  # target forwards after the prefill (about)
+            # target forwards after the prefill: the prefill's token counts as a plain step
+            fw = a["verification_rounds"] + a["plain_steps"] - a["requests"]
             print(f"{c:14} {g:11} {a['wall_s']:6.1f} {a['prefill_s']:5.1f} {a['draft_s']:6.1f} {a['verify_s']:6.1f} "
                   f"{a['verification_rounds']:6.0f} {a['plain_steps']:5.0f} {a['proposed_tokens']:5.0f} "
                   f"{a['accepted_draft_tokens']:5.0f}  {1000 * a['verify_s'] / max(fw, 1):10.0f}  "
                   f"{1000 * a['draft_s'] / max(a['proposed_tokens'], 1):13.0f}")
     auto = f"{drafter}:auto"
-    print(f"\n{auto} rounds by tokens proposed (0 = a plain step or a dropped draft): count, median ms")
+    print(f"\n{auto} steps by draft tokens proposed (0: a plain step or a draft dropped whole): count x median ms")
     for c in cats:
         ms: dict = defaultdict(list)
         for r in reqs:
