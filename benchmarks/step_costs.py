@@ -9,18 +9,18 @@ their median measured ms (rounds catching up on more than 2 tokens left out).
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from collections import defaultdict
+
+from draftwise.bench.results import Results
 
 KEYS = ("requests", "wall_s", "prefill_s", "draft_s", "verify_s", "verification_rounds", "plain_steps",
         "proposed_tokens", "accepted_draft_tokens")
 
 
 def main(run: str, drafter: str) -> None:
-    rows = [json.loads(x) for x in open(f"{run}/requests.jsonl")]
-    reqs = [r for r in rows if r.get("kind") == "request"]
+    reqs = list(Results.load(run).requests.values())  # one row per request key, as the summary reads them
     cats = list(dict.fromkeys(r["category"] for r in reqs))
     cfgs = ["plain"] + sorted({r["config"] for r in reqs if r["config"].startswith(drafter + ":")})
     tot: dict = defaultdict(lambda: defaultdict(float))
