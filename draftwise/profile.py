@@ -146,7 +146,7 @@ def runner_identity(runner: ModelRunner) -> dict | None:
     ident.update(model=name, device=str(getattr(runner, "device", "")), threads=torch.get_num_threads(),
                  dtype=str(next(model.parameters()).dtype),
                  params=getattr(runner, "num_params", None) or sum(p.numel() for p in model.parameters()),
-                 packed=getattr(runner, "packed", "off"))
+                 packed=getattr(runner, "packed", "off"), **({"pad": list(runner.pad)} if getattr(runner, "pad", ()) else {}))
     return ident
 
 

@@ -42,6 +42,59 @@ def test_onednn_matches_linear(bias):
         assert torch.allclose(got.double(), want, atol=1e-4), got_x.shape
 
 
+@pytest.mark.skipif(not packed_linear.onednn_available(), reason="torch built without oneDNN")
+def test_onednn_padding_gives_the_padded_kernels_rows():
+    """A call of m rows padded to 5 returns what a 5-row call returns for those rows (bit for bit:
+    each output row depends only on its input row), in the caller's shape; calls of 5 or more
+    rows, past the pad, are not padded."""
+    torch.manual_seed(0)
+    lin = nn.Linear(96, 200)
+    ol = OneDNNLinear(lin)
+    x = torch.randn(5, 96)
+    five = ol(x)  # [5, 200], unpadded
+    ol.pad = (0, 5, 5, 5, 5)
+    for m in (1, 2, 4):
+        got = ol(x[:m])
+        assert got.shape == (m, 200) and torch.equal(got, ol._matmul(torch.cat([x[:m], torch.zeros(5 - m, 96)]))[:m])
+        assert torch.allclose(got, five[:m], atol=1e-5)
+    assert ol(x[None, :1]).shape == (1, 1, 200)
+    assert torch.equal(ol(x), five)
+
+
+def test_pad_from_times():
+    """Each row count goes to the cheapest row count at or above it, where it is clearly cheaper
+    (at most PAD_CLEARLY of its own time); nothing clearly cheaper anywhere: no padding."""
+    t = {1: 10.0, 2: 11.0, 3: 8.0, 4: 8.5, 5: 7.0, 6: 9.0}
+    assert packed_linear.pad_from_times(t) == (0, 5, 5, 5, 5)  # 5 and 6: as they come
+    assert packed_linear.pad_from_times({1: 10.0, 2: 9.8, 3: 12.0}) == ()  # 2% cheaper: noise
+    assert packed_linear.pad_from_times({1: 10.0, 2: 9.0, 3: 10.5, 4: 8.9}) == (0, 4, 2, 4)  # 4 not clearly below 2
+    assert packed_linear.pad_from_times({m: 5.0 + m for m in range(1, 9)}) == ()
+
+
+def test_choose_pad(monkeypatch):
+    """DRAFTWISE_TORCH_PAD sets it; a model too small to time is not padded; a large one is
+    measured once per process (per shapes) and padded as its pass times say."""
+    big = nn.Sequential(nn.Linear(1024, 1100))
+    if packed_linear.onednn_available():
+        pack_linears(big, "onednn")
+    monkeypatch.setenv("DRAFTWISE_TORCH_PAD", "3")
+    assert packed_linear.choose_pad(big) == (0, 3, 3)
+    monkeypatch.setenv("DRAFTWISE_TORCH_PAD", "off")
+    assert packed_linear.choose_pad(big) == ()
+    monkeypatch.delenv("DRAFTWISE_TORCH_PAD")
+    tiny = _tiny_qwen()
+    pack_linears(tiny, "onednn" if packed_linear.onednn_available() else "full")
+    assert packed_linear.choose_pad(tiny) == ()
+    if not packed_linear.onednn_available():
+        return
+    calls = []
+    monkeypatch.setattr(packed_linear, "_PADS", {})
+    monkeypatch.setattr(packed_linear, "pass_times", lambda lins, rows, r: calls.append(len(lins))
+                        or {m: 3.0 if m >= 3 else 4.0 for m in rows})
+    assert packed_linear.choose_pad(big) == (0, 3, 3) and calls == [1]
+    assert packed_linear.choose_pad(big) == (0, 3, 3) and calls == [1]  # measured once
+
+
 INTEL = os.path.exists("/proc/cpuinfo") and "GenuineIntel" in open("/proc/cpuinfo").read()
 
 
@@ -89,9 +142,13 @@ def test_runner_modes_agree_on_greedy_tokens():
 
     outs = {}
     modes = ("off", "hybrid", "full") + (("onednn",) if packed_linear.onednn_available() else ())
+    if packed_linear.onednn_available():
+        modes += ("onednn+pad",)
     for mode in modes:
-        runner = TorchRunner(_tiny_qwen(), pack=mode)
-        assert runner.packed == mode
+        runner = TorchRunner(_tiny_qwen(), pack=mode.split("+")[0])
+        assert runner.packed == mode.split("+")[0]
+        if mode.endswith("+pad"):  # plain steps run on the 5-row kernel, the verification forward not
+            packed_linear.set_pad(runner.model, (0, 5, 5, 5, 5))
         seq = runner.new_sequence()
         prompt = [5, 17, 42, 7]
         logits = runner.forward([seq], [prompt], [1])[0]

@@ -37,6 +37,7 @@ A tied output projection is packed as its own copy; the embedding keeps the orig
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 import torch
@@ -48,6 +49,8 @@ MODES = ("off", "hybrid", "full", "onednn")
 CLEARLY = 0.9  # oneDNN is chosen only where it takes at most this share of MKL's time (choose_mode)
 MIN_TIMED = 2**20  # models whose largest linear is smaller are not timed (tests' tiny models: no choice by noise)
 _CHOSEN: dict[tuple[int, int], bool] = {}  # layer shape -> oneDNN faster: measured once per process
+PAD_MAX, PAD_REPEATS, PAD_CLEARLY = 8, 5, 0.95  # choose_pad: rows tried, passes each, the gain it needs
+_PADS: dict[tuple, tuple[int, ...]] = {}  # the model's linear shapes -> pad: measured once per process
 
 
 def available() -> bool:
@@ -93,14 +96,26 @@ class PackedLinear(_ReorderedLinear):
 
 
 class OneDNNLinear(_ReorderedLinear):
-    """W reordered for oneDNN's matmul."""
+    """W reordered for oneDNN's matmul. `pad[m]`: a call of m rows runs as a call of pad[m] rows,
+    the extra rows zeros, cut off after (choose_pad; () or m past its end: as it comes). Each output
+    row depends only on its own input row, so padding changes which kernel computes it, not what."""
     kernel = "onednn"
+    pad: tuple[int, ...] = ()
 
     def __init__(self, linear: nn.Linear):
         super().__init__(linear, torch.ops.mkldnn._reorder_linear_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+        rows = x.numel() // self.in_features
+        to = self.pad[rows] if rows < len(self.pad) else rows
+        if to <= rows:
+            return self._matmul(x.contiguous())
+        xp = x.new_zeros(to, self.in_features)  # [to, K]
+        xp[:rows] = x.reshape(rows, self.in_features)
+        return self._matmul(xp)[:rows].reshape(*x.shape[:-1], self.out_features)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
 def pack_linears(model: nn.Module, mode: str = "hybrid") -> int:
@@ -185,6 +200,66 @@ def _best_s(f, x: torch.Tensor, repeats: int) -> float:
         f(x)
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def set_pad(model: nn.Module, pad: tuple[int, ...]) -> None:
+    """Every OneDNNLinear of the model pads a call of m rows to pad[m] rows (OneDNNLinear.pad)."""
+    for m in model.modules():
+        if isinstance(m, OneDNNLinear):
+            m.pad = tuple(pad)
+
+
+def choose_pad(model: nn.Module) -> tuple[int, ...]:
+    """How a model's oneDNN linears pad short calls, measured (or DRAFTWISE_TORCH_PAD: "off", or N:
+    calls of fewer than N rows padded to N). One pass of m rows through every linear of the model
+    (weights streamed from memory, as in a forward) is timed for m = 1..PAD_MAX, interleaved, the
+    median of PAD_REPEATS; a call of m rows is padded to the m' >= m whose pass is fastest, where it
+    takes at most PAD_CLEARLY of m's time. On 2 AMD EPYC cores oneDNN's 1- and 2-row kernels are
+    slower than its 3-6-row ones (docs/data/linear_kernels_epyc.txt). Models too small to time: ()."""
+    env = os.environ.get("DRAFTWISE_TORCH_PAD")
+    if env:
+        if env in ("off", "0"):
+            return ()
+        n = int(env)
+        return (0,) + (n,) * (n - 1) if n > 1 else ()
+    lins = [m for m in model.modules() if isinstance(m, OneDNNLinear)]
+    if not lins or max(m.in_features * m.out_features for m in lins) < MIN_TIMED:
+        return ()
+    sig = tuple((m.in_features, m.out_features) for m in lins)
+    if sig not in _PADS:
+        t = pass_times(lins, range(1, PAD_MAX + 1), PAD_REPEATS)
+        _PADS[sig] = pad_from_times(t)
+    return _PADS[sig]
+
+
+def pad_from_times(t: dict[int, float]) -> tuple[int, ...]:
+    """pad[m] for m < max(t): the m' >= m of least time t[m'], where t[m'] <= PAD_CLEARLY t[m]."""
+    ms = sorted(t)
+    pad = [0]
+    for m in range(1, ms[-1]):
+        best = min((x for x in ms if x >= m), key=lambda x: (t[x], x))
+        pad.append(best if t[best] <= PAD_CLEARLY * t[m] else m)
+    while len(pad) > 1 and pad[-1] == len(pad) - 1:  # row counts past the last padded one: as they come
+        pad.pop()
+    return tuple(pad) if len(pad) > 1 else ()
+
+
+def pass_times(lins: list, rows, repeats: int) -> dict[int, float]:
+    """Median seconds of one call of m rows through every linear in `lins` (unpadded), per m."""
+    rows = list(rows)
+    xs = {(m, k): torch.randn(m, k) for m in rows for k in {lin.in_features for lin in lins}}
+    out: dict[int, list[float]] = {m: [] for m in rows}
+    with torch.inference_mode():
+        for lin in lins[:4]:  # warm the kernels for every shape and row count
+            for m in rows:
+                lin._matmul(xs[(m, lin.in_features)])
+        for _ in range(repeats):
+            for m in rows:
+                t0 = time.perf_counter()
+                for lin in lins:
+                    lin._matmul(xs[(m, lin.in_features)])
+                out[m].append(time.perf_counter() - t0)
+    return {m: statistics.median(v) for m, v in out.items()}
 
 
 def _available_bytes() -> float:
