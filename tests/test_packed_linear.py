@@ -71,9 +71,10 @@ def test_pad_from_times():
     assert packed_linear.pad_from_times({m: 5.0 + m for m in range(1, 9)}) == ()
 
 
-def test_choose_pad(monkeypatch):
+def test_choose_pad(monkeypatch, tmp_path):
     """DRAFTWISE_TORCH_PAD sets it; a model too small to time is not padded; a large one is
-    measured once per process (per shapes) and padded as its pass times say."""
+    measured once per process (per shapes), or once per machine with a cache directory, and padded
+    as its pass times say."""
     big = nn.Sequential(nn.Linear(1024, 1100))
     if packed_linear.onednn_available():
         pack_linears(big, "onednn")
@@ -93,6 +94,11 @@ def test_choose_pad(monkeypatch):
                         or {m: 3.0 if m >= 3 else 4.0 for m in rows})
     assert packed_linear.choose_pad(big) == (0, 3, 3) and calls == [1]
     assert packed_linear.choose_pad(big) == (0, 3, 3) and calls == [1]  # measured once
+    packed_linear._PADS.clear()  # a new process: measured again, then kept in the cache directory
+    assert packed_linear.choose_pad(big, tmp_path) == (0, 3, 3) and calls == [1, 1]
+    packed_linear._PADS.clear()
+    assert packed_linear.choose_pad(big, tmp_path) == (0, 3, 3) and calls == [1, 1]  # read back
+    assert len(list(tmp_path.glob("pad-*.json"))) == 1
 
 
 INTEL = os.path.exists("/proc/cpuinfo") and "GenuineIntel" in open("/proc/cpuinfo").read()

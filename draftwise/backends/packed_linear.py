@@ -36,9 +36,12 @@ A tied output projection is packed as its own copy; the embedding keeps the orig
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -209,13 +212,15 @@ def set_pad(model: nn.Module, pad: tuple[int, ...]) -> None:
             m.pad = tuple(pad)
 
 
-def choose_pad(model: nn.Module) -> tuple[int, ...]:
+def choose_pad(model: nn.Module, cache: Path | None = None) -> tuple[int, ...]:
     """How a model's oneDNN linears pad short calls, measured (or DRAFTWISE_TORCH_PAD: "off", or N:
     calls of fewer than N rows padded to N). One pass of m rows through every linear of the model
     (weights streamed from memory, as in a forward) is timed for m = 1..PAD_MAX, interleaved, the
     median of PAD_REPEATS; a call of m rows is padded to the m' >= m whose pass is fastest, where it
     takes at most PAD_CLEARLY of m's time. On 2 AMD EPYC cores oneDNN's 1- and 2-row kernels are
-    slower than its 3-6-row ones (docs/data/linear_kernels_epyc.txt). Models too small to time: ()."""
+    slower than its 3-6-row ones (docs/data/linear_kernels_epyc.txt). Models too small to time: ().
+    `cache`: a directory where the choice is kept per CPU, torch, threads and the model's shapes
+    (like the forward-cost profiles: every later load, and the profile keyed by it, agree)."""
     env = os.environ.get("DRAFTWISE_TORCH_PAD")
     if env:
         if env in ("off", "0"):
@@ -226,10 +231,25 @@ def choose_pad(model: nn.Module) -> tuple[int, ...]:
     if not lins or max(m.in_features * m.out_features for m in lins) < MIN_TIMED:
         return ()
     sig = tuple((m.in_features, m.out_features) for m in lins)
-    if sig not in _PADS:
-        t = pass_times(lins, range(1, PAD_MAX + 1), PAD_REPEATS)
-        _PADS[sig] = pad_from_times(t)
+    if sig in _PADS:
+        return _PADS[sig]
+    path = None if cache is None else cache / f"pad-{_pad_key(sig)}.json"
+    if path is not None and path.is_file():
+        _PADS[sig] = tuple(json.loads(path.read_text())["pad"])
+        return _PADS[sig]
+    t = pass_times(lins, range(1, PAD_MAX + 1), PAD_REPEATS)
+    _PADS[sig] = pad_from_times(t)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"pad": list(_PADS[sig]), "pass_ms": {m: 1e3 * s for m, s in t.items()}}))
     return _PADS[sig]
+
+
+def _pad_key(sig: tuple) -> str:
+    from draftwise.profile import _cpu_model
+
+    ident = [_cpu_model(), os.cpu_count(), torch.__version__, torch.get_num_threads(), list(sig)]
+    return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
 
 
 def pad_from_times(t: dict[int, float]) -> tuple[int, ...]:

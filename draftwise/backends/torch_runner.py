@@ -15,6 +15,7 @@ from transformers import DynamicCache
 
 from draftwise.backends import packed_linear
 from draftwise.backends.base import check_forward_args
+from draftwise.models.registry import cache_dir
 
 
 class TorchRunner:
@@ -33,7 +34,7 @@ class TorchRunner:
         cpu_fp32 = self.device.type == "cpu" and next(model.parameters()).dtype == torch.float32
         mode = packed_linear.choose_mode(self.model, pack) if cpu_fp32 else "off"
         self.packed = mode if packed_linear.pack_linears(self.model, mode) > 0 else "off"
-        self.pad = packed_linear.choose_pad(self.model) if self.packed == "onednn" else ()
+        self.pad = packed_linear.choose_pad(self.model, cache_dir() / "kernels") if self.packed == "onednn" else ()
         packed_linear.set_pad(self.model, self.pad)
         self.max_context = int(max_context or getattr(cfg, "max_position_embeddings", 4096))
         self._caches: dict[int, DynamicCache] = {}
