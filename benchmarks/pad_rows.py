@@ -3,7 +3,7 @@
 Loads a model on torch (oneDNN chosen as the runner chooses it), prints the per-row-count pass
 times `packed_linear.choose_pad` decides from and the pad it chose, then times target forwards of
 k = 1..K tokens (k = 1: a plain step) with each pad setting, interleaved per repeat over the same
-256-token context, median ms. Greedy tokens of a short decode are compared across the settings.
+context (up to 256 tokens), median ms. Greedy tokens of a short decode are compared across the settings.
 
     .venv/bin/python benchmarks/pad_rows.py [--model qwen2.5-coder-1.5b --k 6 --repeats 12]
 """

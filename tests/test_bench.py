@@ -412,3 +412,16 @@ def test_cli_bench_report_only(tmp_path, capsys):
     assert cli._endpoints(["http://a:1/v1", "eagle=http://b:2", "http://c/x?a=b"]) == \
         {"endpoint": "http://a:1/v1", "eagle": "http://b:2", "endpoint3": "http://c/x?a=b"}
     assert cli.main(["bench", "--configs", "plain", "eagle:4", "--out", str(out)]) == 2  # one clear error line
+
+
+def test_kernels_are_part_of_the_resolved_conditions():
+    """A torch runner's linear kernels (mode and padding) are recorded, so a resumed run cannot mix
+    padded and unpadded forwards; runners without them (llama.cpp, stock torch) record nothing."""
+    from types import SimpleNamespace
+
+    from draftwise.bench.measure import kernels
+
+    assert kernels(SimpleNamespace(packed="onednn", pad=(0, 6, 6))) == "onednn, pad [0, 6, 6]"
+    assert kernels(SimpleNamespace(packed="onednn", pad=())) == "onednn"
+    assert kernels(SimpleNamespace(packed="off", pad=())) is None
+    assert kernels(SimpleNamespace(model_path="x.gguf")) is None

@@ -99,6 +99,12 @@ def test_choose_pad(monkeypatch, tmp_path):
     packed_linear._PADS.clear()
     assert packed_linear.choose_pad(big, tmp_path) == (0, 3, 3) and calls == [1, 1]  # read back
     assert len(list(tmp_path.glob("pad-*.json"))) == 1
+    next(tmp_path.glob("pad-*.json")).write_text("{")  # torn: measured again, not a crash
+    packed_linear._PADS.clear()
+    assert packed_linear.choose_pad(big, tmp_path) == (0, 3, 3) and calls == [1, 1, 1]
+    monkeypatch.setenv("DRAFTWISE_TORCH_PAD", "yes")
+    with pytest.raises(ValueError, match="DRAFTWISE_TORCH_PAD"):
+        packed_linear.choose_pad(big)
 
 
 INTEL = os.path.exists("/proc/cpuinfo") and "GenuineIntel" in open("/proc/cpuinfo").read()

@@ -225,6 +225,8 @@ def choose_pad(model: nn.Module, cache: Path | None = None) -> tuple[int, ...]:
     if env:
         if env in ("off", "0"):
             return ()
+        if not env.isdigit():
+            raise ValueError(f"DRAFTWISE_TORCH_PAD must be off or a row count, got {env!r}")
         n = int(env)
         return (0,) + (n,) * (n - 1) if n > 1 else ()
     lins = [m for m in model.modules() if isinstance(m, OneDNNLinear)]
@@ -235,8 +237,11 @@ def choose_pad(model: nn.Module, cache: Path | None = None) -> tuple[int, ...]:
         return _PADS[sig]
     path = None if cache is None else cache / f"pad-{_pad_key(sig)}.json"
     if path is not None and path.is_file():
-        _PADS[sig] = tuple(json.loads(path.read_text())["pad"])
-        return _PADS[sig]
+        try:
+            _PADS[sig] = tuple(int(m) for m in json.loads(path.read_text())["pad"])
+            return _PADS[sig]
+        except (ValueError, KeyError, TypeError):  # a torn or foreign file: measured again below
+            pass
     t = pass_times(lins, range(1, PAD_MAX + 1), PAD_REPEATS)
     _PADS[sig] = pad_from_times(t)
     if path is not None:

@@ -72,6 +72,15 @@ def precision(runner) -> str:
     return f"gguf:{os.path.basename(path)}" if path else "unknown"
 
 
+def kernels(runner) -> str | None:
+    """A torch runner's linear kernels (packed_linear's mode, and how oneDNN pads short calls)."""
+    mode = getattr(runner, "packed", None)
+    if not mode or mode == "off":
+        return None
+    pad = getattr(runner, "pad", ())
+    return mode + (f", pad {list(pad)}" if pad else "")
+
+
 class EngineTarget:
     """Runs requests on an in-process Engine. The engine is not batched yet, so a group of
     concurrent requests runs one after another: its rows are marked sequential, and a request's
@@ -123,7 +132,7 @@ class EngineTarget:
     def describe(self) -> dict:
         d = self.engine.drafter
         return {"sequential": True, "backend": getattr(self.engine.target, "backend", None),
-                "precision": precision(self.engine.target),
+                "precision": precision(self.engine.target), "kernels": kernels(self.engine.target),
                 "drafter": getattr(d, "name", None), "num_draft_tokens": self.engine.num_draft_tokens if d else 0,
                 "draft_weight_bytes": weight_bytes(self.draft_runner) if self.draft_runner is not None else None,
                 "target_weight_bytes": weight_bytes(self.engine.target)}

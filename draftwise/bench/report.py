@@ -64,7 +64,8 @@ def conditions_text(s: Summary) -> str:
     sampling = "greedy" if c["temperature"] == 0 else \
         f"T={c['temperature']} top_p={c['top_p']} top_k={c['top_k']} seed={c['sample_seed']}"
     tok = (r.get("tokenizer") or "-")[:12]
-    return (f"target {c['target']} ({r.get('backend')}, {r.get('precision')}, tokenizer {tok}), {sampling}, "
+    kern = f", {r['kernels']}" if r.get("kernels") else ""
+    return (f"target {c['target']} ({r.get('backend')}, {r.get('precision')}{kern}, tokenizer {tok}), {sampling}, "
             f"max {c['max_tokens']} tokens, baseline {s.baseline}\n"
             f"{env.get('cpu')}, {env.get('logical_cpus')} CPUs, "
             f"threads {c.get('threads') or env.get('torch_threads')}; "
