@@ -103,18 +103,17 @@ def profile_runner(runner: ModelRunner, ks: Iterable[int] = range(1, 18),
                 t0 = time.perf_counter()
                 runner.forward([seqs[-1]], [ctx], [0])
                 prefill_ms.append((time.perf_counter() - t0) * 1e3)
-            for k in ks:
-                feed = [new[i][:k] for i in range(b)]
-                times = []
-                for rep in range(warmup + repeats):
+            times: dict[int, list[float]] = {k: [] for k in ks}
+            for rep in range(warmup + repeats):  # passes over every k: a slow few seconds of the
+                for k in ks:  # machine hits one repeat of several k, not every repeat of one k
                     t0 = time.perf_counter()
-                    runner.forward(seqs, feed, [k] * b)
+                    runner.forward(seqs, [new[i][:k] for i in range(b)], [k] * b)
                     dt = (time.perf_counter() - t0) * 1e3
                     for s in seqs:
                         runner.truncate(s, context_len)
                     if rep >= warmup:
-                        times.append(dt)
-                rows.append({"batch": b, "k": k, "ms_median": statistics.median(times), "ms_all": times})
+                        times[k].append(dt)
+            rows += [{"batch": b, "k": k, "ms_median": statistics.median(times[k]), "ms_all": times[k]} for k in ks]
         finally:
             for s in seqs:
                 runner.free(s)
@@ -164,7 +163,7 @@ def _cpu_model() -> str:
 def cached_profile(runner: ModelRunner, batch_sizes: Sequence[int] = (1,), ks: Iterable[int] = range(1, 18),
                    context_len: int = 256, repeats: int = 3, log=None) -> ProfileResult:
     """The runner's forward-cost curve, measured once per model, settings and machine and kept in
-    the cache directory (`draftwise profile --refresh` or deleting the file measures it again)."""
+    the cache directory (deleting the file measures it again)."""
     import hashlib
 
     from draftwise.models.registry import cache_dir
