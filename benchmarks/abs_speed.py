@@ -5,17 +5,13 @@ fastest configuration of each run (from each run's summary.csv), and their ratio
 """
 from __future__ import annotations
 
-import csv
 import sys
 
-
-def load(run: str) -> dict[tuple[str, str], float]:
-    with open(f"{run}/summary.csv") as f:
-        return {(r["scope"], r["config"]): float(r["tokens_per_s"]) for r in csv.DictReader(f)}
+from run_noise import summary_field  # benchmarks/run_noise.py
 
 
 def main(a_run: str, b_run: str) -> None:
-    a, b = load(a_run), load(b_run)
+    a, b = summary_field(a_run, "tokens_per_s"), summary_field(b_run, "tokens_per_s")
     scopes = [s for s in dict.fromkeys(k[0] for k in b) if s.startswith("category:")] + ["all"]
     print(f"{'category':15}{'plain A':>9}{'plain B':>9}{'B/A':>6}   {'fastest A':>20}   {'fastest B':>20}{'B/A':>6}")
     for s in scopes:

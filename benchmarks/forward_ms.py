@@ -10,6 +10,8 @@ from __future__ import annotations
 import statistics
 import sys
 
+from step_costs import ms_per_forward  # benchmarks/step_costs.py
+
 from draftwise.bench.results import Results
 
 
@@ -17,8 +19,8 @@ def main(run: str, cats: list[str], cfgs: list[str]) -> None:
     ms = {}
     for r in Results.load(run).requests.values():
         s = r["stats"]
-        fw = s["verification_rounds"] + s["plain_steps"] - 1  # the prefill's token is not a forward here
-        ms[(r["category"], r["prompt_id"], r["repeat"], r["config"])] = 1e3 * s["verify_s"] / max(fw, 1)
+        ms[(r["category"], r["prompt_id"], r["repeat"], r["config"])] = \
+            ms_per_forward(s["verify_s"], s["verification_rounds"], s["plain_steps"])
     print(f"{'category':12} {'prompt':18} {'rep':>3} " + "".join(f"{c:>12}" for c in cfgs))
     for cat in cats:
         keys = sorted({k[:3] for k in ms if k[0] == cat})

@@ -16,6 +16,7 @@ import time
 import torch
 
 from draftwise.backends import packed_linear
+from draftwise.engine import Engine
 from draftwise.models.load import load_runner
 
 
@@ -52,17 +53,11 @@ def main() -> None:
     print("setting " + "".join(f"{'k=' + str(k):>8}" for k in range(1, a.k + 1)))
     for s in settings:
         print(f"{s:7} " + "".join(f"{statistics.median(ms[(s, k)]):8.1f}" for k in range(1, a.k + 1)))
+    runner.free(seq)
     outs = {}
-    for s, pad in settings.items():
+    for s, pad in settings.items():  # plain greedy decoding (the engine without a drafter)
         packed_linear.set_pad(runner.model, pad)
-        q = runner.new_sequence()
-        logits = runner.forward([q], [ctx[:64]], [1])[0]
-        ids = []
-        for _ in range(a.decode):
-            ids.append(int(logits[-1].argmax()))
-            logits = runner.forward([q], [[ids[-1]]], [1])[0]
-        runner.free(q)
-        outs[s] = ids
+        outs[s] = Engine(runner, tok).generate(ctx[:64], max_tokens=a.decode).token_ids
     print(f"\n# greedy {a.decode} tokens identical to unpadded: "
           + ", ".join(f"{s}: {outs[s] == outs['none']}" for s in settings if s != "none"))
 

@@ -13,10 +13,15 @@ import statistics
 import sys
 
 
+def summary_field(run: str, field: str) -> dict[tuple[str, str], float]:
+    """One numeric column of a run's summary.csv, by (scope, configuration); empty cells left out."""
+    with open(f"{run}/summary.csv") as f:
+        return {(r["scope"], r["config"]): float(r[field]) for r in csv.DictReader(f) if r[field]}
+
+
 def speedups(run: str) -> dict[tuple[str, str], float]:
-    rows = csv.DictReader(open(f"{run}/summary.csv"))
-    return {(r["scope"].removeprefix("category:"), r["config"]): float(r["speedup"])
-            for r in rows if r["scope"].startswith("category:") and r["config"] != "plain"}
+    return {(s.removeprefix("category:"), c): v for (s, c), v in summary_field(run, "speedup").items()
+            if s.startswith("category:") and c != "plain"}
 
 
 def main(first: str, second: str) -> None:

@@ -113,8 +113,7 @@ class OneDNNLinear(_ReorderedLinear):
         to = self.pad[rows] if rows < len(self.pad) else rows
         if to <= rows:
             return self._matmul(x.contiguous())
-        xp = x.new_zeros(to, self.in_features)  # [to, K]
-        xp[:rows] = x.reshape(rows, self.in_features)
+        xp = nn.functional.pad(x.reshape(rows, self.in_features), (0, 0, 0, to - rows))  # [to, K], zero rows after
         return self._matmul(xp)[:rows].reshape(*x.shape[:-1], self.out_features)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
