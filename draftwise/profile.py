@@ -160,10 +160,17 @@ def _cpu_model() -> str:
     return ""
 
 
+# how profile_runner measures, part of a cached profile's key: a curve measured another way is
+# measured again. 2: repeats as passes over every k (1 timed each k's repeats back to back: on
+# torch on 2 EPYC cores its cached 1.5B curve had k = 5 at 1.25x k = 1 where an interleaved
+# measurement, and the running engine, have ~1.03x; docs/results.md)
+METHOD = 2
+
+
 def cached_profile(runner: ModelRunner, batch_sizes: Sequence[int] = (1,), ks: Iterable[int] = range(1, 18),
-                   context_len: int = 256, repeats: int = 3, log=None) -> ProfileResult:
-    """The runner's forward-cost curve, measured once per model, settings and machine and kept in
-    the cache directory (deleting the file measures it again)."""
+                   context_len: int = 256, repeats: int = 5, log=None) -> ProfileResult:
+    """The runner's forward-cost curve, measured once per model, settings, machine and METHOD and
+    kept in the cache directory (deleting the file measures it again)."""
     import hashlib
 
     from draftwise.models.registry import cache_dir
@@ -173,7 +180,8 @@ def cached_profile(runner: ModelRunner, batch_sizes: Sequence[int] = (1,), ks: I
     ident = runner_identity(runner)
     path = None
     if ident is not None:
-        ident.update(ks=ks, batch_sizes=list(batch_sizes), context_len=context_len, repeats=repeats)
+        ident.update(ks=ks, batch_sizes=list(batch_sizes), context_len=context_len, repeats=repeats,
+                     method=METHOD)
         key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
         path = cache_dir() / "profiles" / f"{runner.backend}-{key}.json"
         if path.is_file():

@@ -141,3 +141,21 @@ def test_profile_cache_tells_models_in_one_directory_apart():
         return TorchRunner(m)
     a, b = runner_identity(runner(32)), runner_identity(runner(64))
     assert a is not None and b is not None and a != b
+
+
+def test_cached_profile_is_measured_again_when_the_method_changes(tmp_path, monkeypatch):
+    import draftwise.profile as prof
+
+    monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path))
+    monkeypatch.setattr(prof, "runner_identity", lambda r: {"backend": "fake", "model": "sleep"})
+    runner = SleepRunner()
+    first = prof.cached_profile(runner, ks=(1, 2), context_len=8, repeats=1)
+    calls = len(runner.timed_calls)
+    again = prof.cached_profile(runner, ks=(1, 2), context_len=8, repeats=1)
+    assert len(runner.timed_calls) == calls and again.rows == first.rows  # read from the cache
+    monkeypatch.setattr(prof, "METHOD", prof.METHOD + 1)
+    prof.cached_profile(runner, ks=(1, 2), context_len=8, repeats=1)
+    assert len(runner.timed_calls) > calls  # measured again, in a file of its own
+    files = list((tmp_path / "profiles").glob("fake-*.json"))
+    assert len(files) == 2
+    assert {json.loads(f.read_text())["meta"]["identity"]["method"] for f in files} == {prof.METHOD - 1, prof.METHOD}
