@@ -419,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context-len", type=int, default=256)
     p.add_argument("--max-k", type=int, default=17)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default=None, help="save the curve as JSON")
     p.set_defaults(fn=cmd_profile)
 

@@ -68,7 +68,7 @@ class ProfileResult:
 
 def profile_runner(runner: ModelRunner, ks: Iterable[int] = range(1, 18),
                    batch_sizes: Sequence[int] = (1, 2, 4), context_len: int = 256,
-                   repeats: int = 3, warmup: int = 1, tokens: Sequence[int] | None = None,
+                   repeats: int = 5, warmup: int = 1, tokens: Sequence[int] | None = None,
                    seed: int = 0) -> ProfileResult:
     """Median wall time of `runner.forward` over b sequences x k new tokens, logits at all k.
 
