@@ -15,12 +15,18 @@ from step_costs import ms_per_forward  # benchmarks/step_costs.py
 from draftwise.bench.results import Results
 
 
-def main(run: str, cats: list[str], cfgs: list[str]) -> None:
+def request_ms(run: str) -> dict[tuple[str, str, int, str], float]:
+    """(category, prompt, repeat, config) -> ms per target forward after the prefill."""
     ms = {}
     for r in Results.load(run).requests.values():
         s = r["stats"]
         ms[(r["category"], r["prompt_id"], r["repeat"], r["config"])] = \
             ms_per_forward(s["verify_s"], s["verification_rounds"], s["plain_steps"])
+    return ms
+
+
+def main(run: str, cats: list[str], cfgs: list[str]) -> None:
+    ms = request_ms(run)
     print(f"{'category':12} {'prompt':18} {'rep':>3} " + "".join(f"{c:>12}" for c in cfgs))
     for cat in cats:
         keys = sorted({k[:3] for k in ms if k[0] == cat})

@@ -13,7 +13,7 @@ import gzip
 import statistics
 import sys
 
-from step_costs import ms_per_forward  # benchmarks/step_costs.py
+from forward_ms import request_ms  # benchmarks/forward_ms.py
 
 from draftwise.bench.results import Results
 
@@ -45,10 +45,7 @@ def rates(samples, a: float, b: float) -> dict[str, float] | None:
 def main(run: str, repeat: int, log: str) -> None:
     samples = load(log)
     rows = [r for r in Results.load(run).requests.values() if r["repeat"] == repeat]
-    ms = {}
-    for r in rows:
-        s = r["stats"]
-        ms[(r["prompt_id"], r["config"])] = ms_per_forward(s["verify_s"], s["verification_rounds"], s["plain_steps"])
+    ms = {(k[1], k[3]): v for k, v in request_ms(run).items() if k[2] == repeat}  # (prompt, config)
     for r in sorted(rows, key=lambda r: r["started_unix"]):
         d = rates(samples, r["started_unix"], r["started_unix"] + r["e2e_s"])
         if d is None:
