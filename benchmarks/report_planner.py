@@ -9,6 +9,10 @@ With a second directory (an earlier run of the same prompts), fixed-D configurat
 lacks are taken from that one, each as a speedup over *its own run's* plain decoding, marked `*`
 (a ratio of ratios across runs: noisier than side by side, and labelled so; the "all" row
 compares like with like only when both runs hold the same prompts).
+
+A fixed D that ran fewer of a scope's prompts than plain decoding (a run stopped and resumed with
+fewer configurations) is not a candidate for that scope's best fixed D; the table of fixed D
+shows its speedup on the prompts it ran, with "(k of n)".
 """
 from __future__ import annotations
 
@@ -50,7 +54,8 @@ def main(path: str, fixed_from: str | None = None) -> None:
         for sc in scopes:
             cfg = rows[sc]
             auto = cfg.get(f"{d}:auto")
-            fixed = {c: r for c, r in cfg.items() if c.startswith(f"{d}:") and c != f"{d}:auto"}
+            fixed = {c: r for c, r in cfg.items() if c.startswith(f"{d}:") and c != f"{d}:auto"
+                     and _complete(c, r, cfg.get("plain"))}
             if auto is None or not fixed or "plain" not in cfg:
                 continue
             best_name, best = max(fixed.items(), key=lambda kv: kv[1].speedup or 0)
@@ -67,12 +72,25 @@ def main(path: str, fixed_from: str | None = None) -> None:
         print("|---|" + "---|" * len(fixed_names))
         for sc in scopes:
             print(f"| {sc.removeprefix('category:')} | "
-                  + " | ".join(_ci(rows[sc][c]) if c in rows[sc] else "-" for c in fixed_names) + " |")
+                  + " | ".join(_fixed_cell(rows[sc], c) for c in fixed_names) + " |")
         print()
     if s.mismatches:
         print("### output differences\n")
         for m in s.mismatches:
             print(f"- {m.config} {m.prompt_id}: {m.to_dict()}")
+
+
+def _complete(name: str, r, plain) -> bool:
+    """Whether a configuration ran every prompt plain decoding ran in the scope (a fixed D taken
+    from an earlier run, `*`, is that run's own comparison)."""
+    return plain is None or name.endswith("*") or r.prompts >= plain.prompts
+
+
+def _fixed_cell(cfg: dict, name: str) -> str:
+    if name not in cfg:
+        return "-"
+    r, plain = cfg[name], cfg.get("plain")
+    return _ci(r) if _complete(name, r, plain) else f"{_ci(r)} ({r.prompts} of {plain.prompts})"
 
 
 @functools.lru_cache(maxsize=None)
