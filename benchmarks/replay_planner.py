@@ -12,7 +12,9 @@ two tokens a fully accepted round leaves (after plain steps: the prompt or the s
 risk term: draftwise.build.risk_for);
 `--keep-margin M` the margin a caught-up draft model must keep beating plain by (default: the margin);
 `--set NAME=VALUE` (repeatable) any other numeric argument of draftwise.planner.Planner, e.g.
-`--set whole_z=0.75`.
+`--set whole_z=0.75`;
+`--per-request` also prints each request: auto and D = 2 against plain, auto's rounds, plain steps,
+draft tokens proposed and accepted and catch-ups, and D = 2's rounds, proposed and accepted.
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ def curve(path: str) -> CostCurve:
     return CostCurve.from_profile(ProfileResult.load(path))
 
 
-def main(traces: str, target_profile: str, draft_profile: str | None = None, **kw) -> dict:
+def main(traces: str, target_profile: str, draft_profile: str | None = None, per_request: bool = False,
+         **kw) -> dict:
     """Without a draft model's profile, the n-gram drafter (prompt lookup, n = 2..4)."""
     trs = sorted((json.loads(x) for x in open(traces)), key=lambda r: r["order"])
     vt, dt = curve(target_profile), (curve(draft_profile) if draft_profile else None)
@@ -43,8 +46,14 @@ def main(traces: str, target_profile: str, draft_profile: str | None = None, **k
     for tr in trs:
         plain = vt.raw(tr["prompt_tokens"]) + (len(tr["tokens"]) - 1) * vt.raw(1)
         auto, c = run(tr, planner)
-        fixed = {D: run(tr, planner, D)[0] for D in (2, 4, 8)}
+        runs = {D: run(tr, planner, D) for D in (2, 4, 8)}
+        fixed = {D: r[0] for D, r in runs.items()}
         cats[tr["category"]].append((plain, auto, fixed, c))
+        if per_request:
+            c2 = runs[2][1]
+            print(f"{tr['prompt_id']:18} {tr['category']:14} auto {plain / auto:.3f}  D=2 {plain / fixed[2]:.3f}  auto: "
+                  + " ".join(f"{k} {c.get(k, 0)}" for k in ("rounds", "plain", "proposed", "accepted", "catch_up"))
+                  + f"  D=2: rounds {c2.get('rounds', 0)} proposed {c2.get('proposed', 0)} accepted {c2.get('accepted', 0)}")
     res = {}
     print(f"{'category':14} {'auto':>6} {'D=2':>6} {'D=4':>6} {'D=8':>6}  spec'd  catch-ups")
     for cat, rows in cats.items():
@@ -62,7 +71,9 @@ if __name__ == "__main__":
     kw, pos = {}, []
     while args:
         a = args.pop(0)
-        if a in ("--margin", "--keep-margin", "--set"):  # --margin M is --set margin=M
+        if a == "--per-request":
+            kw["per_request"] = True
+        elif a in ("--margin", "--keep-margin", "--set"):  # --margin M is --set margin=M
             name, value = (a[2:].replace("-", "_"), args.pop(0)) if a != "--set" else args.pop(0).split("=", 1)
             kw[name] = int(value) if value.lstrip("-").isdigit() else float(value)
         else:
