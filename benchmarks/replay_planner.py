@@ -32,6 +32,10 @@ def curve(path: str) -> CostCurve:
     return CostCurve.from_profile(ProfileResult.load(path))
 
 
+def _counts(c: dict, keys: str) -> str:
+    return " ".join(f"{k} {c.get(k, 0)}" for k in keys.split())
+
+
 def main(traces: str, target_profile: str, draft_profile: str | None = None, per_request: bool = False,
          **kw) -> dict:
     """Without a draft model's profile, the n-gram drafter (prompt lookup, n = 2..4)."""
@@ -50,10 +54,9 @@ def main(traces: str, target_profile: str, draft_profile: str | None = None, per
         fixed = {D: r[0] for D, r in runs.items()}
         cats[tr["category"]].append((plain, auto, fixed, c))
         if per_request:
-            c2 = runs[2][1]
-            print(f"{tr['prompt_id']:18} {tr['category']:14} auto {plain / auto:.3f}  D=2 {plain / fixed[2]:.3f}  auto: "
-                  + " ".join(f"{k} {c.get(k, 0)}" for k in ("rounds", "plain", "proposed", "accepted", "catch_up"))
-                  + f"  D=2: rounds {c2.get('rounds', 0)} proposed {c2.get('proposed', 0)} accepted {c2.get('accepted', 0)}")
+            print(f"{tr['prompt_id']:18} {tr['category']:14} auto {plain / auto:.3f}  D=2 {plain / fixed[2]:.3f}  "
+                  f"auto: {_counts(c, 'rounds plain proposed accepted catch_up')}  "
+                  f"D=2: {_counts(runs[2][1], 'rounds proposed accepted')}")
     res = {}
     print(f"{'category':14} {'auto':>6} {'D=2':>6} {'D=4':>6} {'D=8':>6}  spec'd  catch-ups")
     for cat, rows in cats.items():
