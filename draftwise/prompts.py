@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import random
@@ -34,12 +35,37 @@ class Prompt:
         return tokenizer.encode(self.text)
 
 
+# The evaluation sets shipped in the package (draftwise/data, sources and licences in its
+# SOURCES.md): byte-for-byte upstream copies, checked on first read.
+DATA_FILES = {
+    "edit_eval/edit_eval.jsonl": "521effbaaae30e0ba539a28bc54479a501dfe73ebfaa9c636dff13c8d5df7754",
+    "humaneval/HumanEval.jsonl.gz": "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef",
+    "spec_bench/question.jsonl": "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04",
+}
+_checked: set[Path] = set()
+
+
 def data_dir() -> Path:
+    """The packaged evaluation data, or the directory DRAFTWISE_DATA names (same layout)."""
     env = os.environ.get("DRAFTWISE_DATA")
-    d = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+    d = Path(env) if env else Path(__file__).resolve().parent / "data"
     if not d.is_dir():
-        raise FileNotFoundError(f"evaluation data directory {d} not found; set DRAFTWISE_DATA")
+        raise FileNotFoundError(f"evaluation data directory {d} not found"
+                                + (" (DRAFTWISE_DATA)" if env else ""))
     return d
+
+
+def data_file(rel: str) -> Path:
+    """A data file by its path under data_dir(), its SHA-256 checked against DATA_FILES once."""
+    path = data_dir() / rel
+    if path not in _checked:
+        if not path.is_file():
+            raise FileNotFoundError(f"evaluation data file {path} not found")
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != DATA_FILES[rel]:
+            raise ValueError(f"{path}: SHA-256 {digest} differs from the upstream copy's {DATA_FILES[rel]}")
+        _checked.add(path)
+    return path
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -49,7 +75,7 @@ def _jsonl(path: Path) -> list[dict]:
 
 
 def edit_eval(n: int | None = None) -> list[Prompt]:
-    rows = _jsonl(data_dir() / "edit_eval" / "edit_eval.jsonl")
+    rows = _jsonl(data_file("edit_eval/edit_eval.jsonl"))
     out = [Prompt(r["task_id"], "editeval",
                   messages=({"role": "user", "content": f"{r['instruction']}\n\n```python\n{r['input']}\n```"},),
                   assistant_prefix="```python\n") for r in rows]
@@ -57,7 +83,7 @@ def edit_eval(n: int | None = None) -> list[Prompt]:
 
 
 def humaneval(n: int | None = None) -> list[Prompt]:
-    rows = _jsonl(data_dir() / "humaneval" / "HumanEval.jsonl.gz")
+    rows = _jsonl(data_file("humaneval/HumanEval.jsonl.gz"))
     return [Prompt(r["task_id"], "humaneval", text=r["prompt"]) for r in rows][:n]
 
 
@@ -67,7 +93,7 @@ def spec_bench(categories: tuple[str, ...] | None = None, n: int | None = None,
     if categories is not None and "prose" in categories:
         categories = tuple(c for c in categories if c != "prose") + PROSE
     out, seen = [], {}
-    for r in _jsonl(data_dir() / "spec_bench" / "question.jsonl"):
+    for r in _jsonl(data_file("spec_bench/question.jsonl")):
         cat = r["category"]
         if categories is not None and cat not in categories:
             continue

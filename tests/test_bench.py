@@ -1,10 +1,12 @@
 """The benchmark harness on a toy runner: configuration parsing, interleaved order, resuming,
 percentiles and bootstrap intervals, the output check, summaries and the report."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from draftwise import prompts
 from draftwise.bench import BenchConfig, load_prompts, run_bench, summarise, write_report
 from draftwise.bench.check import find_mismatches
 from draftwise.bench.config import RunConfig, context_bucket, parse_configs
@@ -16,7 +18,7 @@ from draftwise.bench.summary import Latency, bootstrap_ratio, percentile
 from draftwise.drafters.base import Proposal
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
-from draftwise.prompts import data_dir
+from draftwise.prompts import DATA_FILES, data_file
 from draftwise.verify import VerifyResult
 from fakes import CharTokenizer, CycleRunner
 
@@ -87,11 +89,19 @@ def test_load_prompts_samples_per_category_with_a_seed(tmp_path):
     assert [p.id for p in a] == sorted((p.id for p in a), key=lambda i: int(i[1:]))  # file order kept
 
 
-def test_load_prompts_from_the_shared_data():
-    try:
-        data_dir()
-    except FileNotFoundError:
-        pytest.skip("evaluation data not present")
+def test_packaged_data_matches_its_checksums(tmp_path, monkeypatch):
+    for rel in DATA_FILES:
+        assert data_file(rel).is_relative_to(Path(prompts.__file__).parent)  # inside the package
+    (tmp_path / "edit_eval").mkdir()
+    (tmp_path / "edit_eval" / "edit_eval.jsonl").write_text('{"task_id": "x"}\n')
+    monkeypatch.setenv("DRAFTWISE_DATA", str(tmp_path))
+    with pytest.raises(ValueError, match="SHA-256"):
+        data_file("edit_eval/edit_eval.jsonl")
+    with pytest.raises(FileNotFoundError, match="humaneval"):
+        data_file("humaneval/HumanEval.jsonl.gz")
+
+
+def test_load_prompts_from_the_packaged_data():
     prose = load_prompts(BenchConfig(workload="prose", n_per_category=2))
     assert sorted({p.category for p in prose}) == ["humanities", "roleplay", "writing"] and len(prose) == 6
     assert all(len(p.messages) == 1 for p in prose)  # first turn only unless asked for both
