@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from draftwise.backends.base import ModelRunner
+from draftwise.machine import cache_dir, cpu_model
 
 
 @dataclass(slots=True)
@@ -129,7 +130,7 @@ def runner_identity(runner: ModelRunner) -> dict | None:
     the runner cannot name its model (then its profile is not cached)."""
     import platform
 
-    ident = {"backend": runner.backend, "machine": platform.machine(), "cpu": _cpu_model(),
+    ident = {"backend": runner.backend, "machine": platform.machine(), "cpu": cpu_model(),
              "cores": os.cpu_count()}
     if getattr(runner, "model_path", None):
         st = os.stat(runner.model_path)
@@ -150,15 +151,8 @@ def runner_identity(runner: ModelRunner) -> dict | None:
     return ident
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+# NOTE(untangle): the old name, for plan.py until it imports machine.cpu_model
+_cpu_model = cpu_model
 
 
 # how profile_runner measures, part of a cached profile's key: a curve measured another way is
@@ -173,8 +167,6 @@ def cached_profile(runner: ModelRunner, batch_sizes: Sequence[int] = (1,), ks: I
     """The runner's forward-cost curve, measured once per model, settings, machine and METHOD and
     kept in the cache directory (deleting the file measures it again)."""
     import hashlib
-
-    from draftwise.models.registry import cache_dir
 
     ks = list(ks)
     context_len = min(context_len, runner.max_context - max(ks))

@@ -46,6 +46,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from draftwise.machine import cpu_model
+
 PACK_ROWS = 16  # the row count MKL is told to pack for; larger calls still compute correctly
 HYBRID_ROWS = (4, 32)  # hybrid mode: only calls with this many rows use the packed GEMM
 MODES = ("off", "hybrid", "full", "onednn")
@@ -250,9 +252,7 @@ def choose_pad(model: nn.Module, cache: Path | None = None) -> tuple[int, ...]:
 
 
 def _pad_key(sig: tuple) -> str:
-    from draftwise.profile import _cpu_model
-
-    ident = [_cpu_model(), os.cpu_count(), torch.__version__, torch.get_num_threads(), list(sig)]
+    ident = [cpu_model(), os.cpu_count(), torch.__version__, torch.get_num_threads(), list(sig)]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
 
 

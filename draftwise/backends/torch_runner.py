@@ -15,7 +15,7 @@ from transformers import DynamicCache
 
 from draftwise.backends import packed_linear
 from draftwise.backends.base import check_forward_args
-from draftwise.models.registry import cache_dir
+from draftwise.machine import cache_dir
 
 
 class TorchRunner:

@@ -146,12 +146,9 @@ def environment() -> dict:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    from draftwise.machine import cpu_model
+
+    cpu = cpu_model() or platform.processor()
     threads = None
     try:
         import torch

@@ -8,11 +8,12 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from draftwise.machine import cache_dir
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +51,6 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
 
 class ModelNotFound(FileNotFoundError):
     pass
-
-
-def cache_dir() -> Path:
-    d = Path(os.environ.get("DRAFTWISE_CACHE", Path.home() / ".cache" / "draftwise"))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
 
 
 def sha256_file(path: Path) -> str:
