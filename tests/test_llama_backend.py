@@ -6,10 +6,11 @@ import torch
 
 pytest.importorskip("llama_cpp")
 
-from draftwise.backends.llama_runner import LlamaRunner, load_llama  # noqa: E402
+from draftwise.backends.llama_runner import LlamaRunner  # noqa: E402
 from draftwise.drafters.model import ModelDrafter  # noqa: E402
 from draftwise.drafters.ngram import NgramDrafter  # noqa: E402
 from draftwise.engine import Engine  # noqa: E402
+from draftwise.models.load import load_llama  # noqa: E402
 
 MODEL = "smollm2-135m"
 N_CTX = 512

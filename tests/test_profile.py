@@ -97,7 +97,7 @@ def test_bad_arguments():
 
 def test_llama_runner_profile():
     pytest.importorskip("llama_cpp")
-    from draftwise.backends.llama_runner import load_llama
+    from draftwise.models.load import load_llama
 
     runner, _ = load_llama("smollm2-135m", threads=1, n_ctx=128, n_seq_max=2)
     try:

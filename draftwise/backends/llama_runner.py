@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from draftwise.backends.base import check_forward_args
+from draftwise.machine import cpu_flags, physical_cores
 
 _LOG_CALLBACK = None  # must outlive every llama.cpp call: C keeps the bare pointer
 _BACKEND_READY = False
@@ -49,25 +50,7 @@ def _amx_would_crash() -> bool:
     """True when this llama.cpp build has AMX kernels and the CPU advertises AMX: in the Firecracker
     VMs seen here that combination segfaults on any multi-token batch (ggml_backend_amx_mul_mat).
     scripts/setup.sh builds without AMX on such CPUs, which keeps the repacked-weight kernels."""
-    if b"AMX" not in _ll.llama_print_system_info():
-        return False
-    try:
-        with open("/proc/cpuinfo") as f:
-            return " amx_tile" in f.read()
-    except OSError:
-        return False
-
-
-def physical_cores() -> int:
-    """Physical cores this process may run on: llama.cpp gains nothing from SMT siblings."""
-    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    try:
-        import psutil
-
-        physical = psutil.cpu_count(logical=False) or allowed
-    except ImportError:
-        physical = allowed
-    return max(1, min(physical, allowed))
+    return b"AMX" in _ll.llama_print_system_info() and "amx_tile" in cpu_flags()
 
 
 class LlamaRunner:
@@ -279,21 +262,3 @@ class LlamaRunner:
             self.close()
         except Exception:  # interpreter shutdown may have torn down ctypes or the module already
             pass
-
-
-def load_llama(spec: str, threads: int | None = None, n_ctx: int | None = None, n_batch: int | None = None,
-               n_seq_max: int | None = None, device: str | None = None, fast_kernels: bool = False):
-    """(LlamaRunner, Tokenizer) for a GGUF model spec (packaged name or .gguf path).
-    fast_kernels: llama.cpp's repacked-weight kernels, faster but not batch-invariant (see above)."""
-    from draftwise.models.load import load_tokenizer
-    from draftwise.models.registry import resolve
-
-    if device not in (None, "cpu"):
-        raise ValueError(f"this llama.cpp build runs on the CPU only; got device={device!r}")
-    src = resolve(spec)
-    if src.kind != "gguf":
-        raise ValueError(f"the llama.cpp backend needs a GGUF model, but {spec!r} is a {src.kind} "
-                         f"({src.path}); pass a .gguf file or a packaged name, or use the torch backend")
-    runner = LlamaRunner(src.path, n_ctx=n_ctx, n_batch=n_batch or 512, n_seq_max=n_seq_max or 4,
-                         n_threads=threads, extra_bufts=fast_kernels)
-    return runner, load_tokenizer(src)

@@ -5,7 +5,8 @@ import hashlib
 import os
 from pathlib import Path
 
-from draftwise.models.registry import PACKAGED, ModelSource, cache_dir, resolve
+from draftwise.machine import cache_dir
+from draftwise.models.registry import PACKAGED, ModelSource, resolve
 from draftwise.tokenizer import Tokenizer
 
 # end-of-turn tokens that stop generation when present (as llama.cpp's end-of-generation set)
@@ -58,6 +59,24 @@ def load_torch(spec: str, device: str = "cpu", threads: int | None = None, max_c
     return TorchRunner(model, max_context=max_context, device=device, pack=pack), load_tokenizer(src)
 
 
+def load_llama(spec: str, threads: int | None = None, n_ctx: int | None = None, n_batch: int | None = None,
+               n_seq_max: int | None = None, device: str | None = None, fast_kernels: bool = False):
+    """(LlamaRunner, Tokenizer) for a GGUF model spec (packaged name or .gguf path).
+    fast_kernels: llama.cpp's repacked-weight kernels, faster but not batch-invariant
+    (backends/llama_runner.py)."""
+    from draftwise.backends.llama_runner import LlamaRunner
+
+    if device not in (None, "cpu"):
+        raise ValueError(f"this llama.cpp build runs on the CPU only; got device={device!r}")
+    src = resolve(spec)
+    if src.kind != "gguf":
+        raise ValueError(f"the llama.cpp backend needs a GGUF model, but {spec!r} is a {src.kind} "
+                         f"({src.path}); pass a .gguf file or a packaged name, or use the torch backend")
+    runner = LlamaRunner(src.path, n_ctx=n_ctx, n_batch=n_batch or 512, n_seq_max=n_seq_max or 4,
+                         n_threads=threads, extra_bufts=fast_kernels)
+    return runner, load_tokenizer(src)
+
+
 BACKENDS = ("torch", "llama.cpp")
 
 
@@ -81,7 +100,5 @@ def load_runner(spec: str, backend: str = "torch", threads: int | None = None,
         return load_torch(spec, device=backend_kw.get("device", "cpu"), threads=threads, max_context=max_context,
                           pack=backend_kw.get("pack"))
     if backend == "llama.cpp":
-        from draftwise.backends.llama_runner import load_llama
-
         return load_llama(spec, threads=threads, n_ctx=max_context, **backend_kw)
     raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
