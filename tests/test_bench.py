@@ -12,6 +12,7 @@ from draftwise.bench.check import find_mismatches
 from draftwise.bench.config import RunConfig, context_bucket, parse_configs
 from draftwise.bench.measure import timing_fields
 from draftwise.bench.plots import break_even, draft_length
+from draftwise.bench.report import format_table
 from draftwise.bench.results import REQUESTS, Results
 from draftwise.bench.run import plan
 from draftwise.bench.summary import Latency, bootstrap_ratio, percentile
@@ -336,7 +337,7 @@ def test_summary_metrics_per_configuration_category_and_bucket(tmp_path):
     assert json.loads(jpath.read_text())["rows"][0]["config"] == "plain"
     lines = cpath.read_text().splitlines()
     assert lines[0].startswith("scope,config,concurrency") and len(lines) == 1 + len(s.rows)
-    table = s.table()
+    table = format_table(s)
     assert "1 (baseline)" in table and "ngram:4" in table
 
 

@@ -124,6 +124,7 @@ class Summary:
         return d / "summary.json", d / "summary.csv"
 
     def table(self, scope: str = "all") -> str:
+        # NOTE(untangle): an upward import kept for cli.py; remove once it calls report.format_table
         from draftwise.bench.report import format_table
 
         return format_table(self, scope)
