@@ -1,4 +1,4 @@
-"""The torch backend on a CUDA GPU: exactness of speculative decoding, and the forward-cost curves.
+"""The torch backend on a CUDA GPU: exactness, forward-cost curves, and the engine end to end.
 
 No real weights travel to the GPU machine, so this uses randomly initialised models:
 1. exactness: a tiny Qwen2 target, a draft that is the target with perturbed weights (partial
@@ -7,8 +7,16 @@ No real weights travel to the GPU machine, so this uses randomly initialised mod
 2. cost curves: forward over k = 1..17 new tokens (logits at all k) for the Qwen2.5-Coder-1.5B and
    0.5B *architectures* in bf16. A forward's time does not depend on the weights' values, so these
    are the curves the planner would measure for the real models on this GPU.
+3. with --engine: plain vs speculative decoding through the engine on those architectures (random
+   weights, bf16), greedy outputs compared with plain decoding. Random weights make acceptance
+   meaningless as a property of the models, so this measures the engine and the planner, not the
+   drafters: a random 0.5B draft agrees with the random target almost never (the planner should
+   stop drafting with it).
 
-    python benchmarks/gpu_check.py --out $OUT
+Without a GPU (a smoke test) it runs on the CPU with tiny shapes.
+
+    python benchmarks/gpu_check.py --out $OUT            # 1 and 2: gpu_exactness.json, gpu_curves.json
+    python benchmarks/gpu_check.py --engine --out $OUT   # 3: gpu_engine.json
 """
 from __future__ import annotations
 
@@ -21,13 +29,13 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from draftwise.backends.torch_runner import TorchRunner
-from draftwise.build import PRIORS
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
-from draftwise.planner import CostCurve, Planner
+from draftwise.planner import PRIORS, CostCurve, Planner
 from draftwise.profile import profile_runner
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ARCH = {  # Qwen2.5-Coder-1.5B and -0.5B shapes (config.json of the released checkpoints)
     "qwen2.5-coder-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                                num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
@@ -50,6 +58,10 @@ class Ids:
 
     def fingerprint(self):
         return "ids"
+
+
+def _device_name() -> str | None:
+    return torch.cuda.get_device_name(0) if DEVICE == "cuda" else None
 
 
 def tiny(seed: int) -> Qwen2ForCausalLM:
@@ -96,33 +108,94 @@ def curves(device: str) -> dict:
         runner = TorchRunner(model, device=device)
         t0 = time.perf_counter()
         prof = profile_runner(runner, range(1, 18), (1, 2, 4), context_len=256, repeats=5, warmup=2)
-        prof.meta.update(model_architecture=name, dtype="bfloat16", device=torch.cuda.get_device_name(0),
+        prof.meta.update(model_architecture=name, dtype="bfloat16", device=_device_name(),
                          weights="random (cost does not depend on values)", seconds=time.perf_counter() - t0)
         res[name] = json.loads(prof.to_json())
         print(prof.format_table(), flush=True)
         del runner, model
-        torch.cuda.empty_cache()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
     return res
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def model(name: str, seed: int) -> TorchRunner:
+    torch.manual_seed(seed)
+    kw = ARCH[name] if DEVICE == "cuda" else dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=6000)
+    m = Qwen2ForCausalLM(Qwen2Config(max_position_embeddings=4096, **kw))
+    return TorchRunner(m.to(torch.bfloat16) if DEVICE == "cuda" else m, device=DEVICE)
+
+
+def engine_run(max_tokens: int) -> dict:
+    """Plain and speculative configurations through the engine on the two architectures, 4 prompts."""
+    target, draft = model("qwen2.5-coder-1.5b", 0), model("qwen2.5-coder-0.5b", 1)
+    curve = lambda r: CostCurve.from_profile(profile_runner(r, range(1, 18), (1,), 256, repeats=3))  # noqa: E731
+    t_curve, d_curve = curve(target), curve(draft)
+    engines = {
+        "plain": Engine(target, Ids()),
+        "ngram:4": Engine(target, Ids(), NgramDrafter(), 4),
+        "ngram:16": Engine(target, Ids(), NgramDrafter(), 16),
+        "ngram:auto": Engine(target, Ids(), NgramDrafter(), "auto",
+                             planner=Planner(t_curve, None, prior=PRIORS["ngram"])),
+        "model:4": Engine(target, Ids(), ModelDrafter(draft), 4),
+        "model:auto": Engine(target, Ids(), ModelDrafter(draft), "auto",
+                             planner=Planner(t_curve, d_curve, prior=PRIORS["model"])),
+    }
+    prompts = [[(7 * i + j) % 5000 + 100 for j in range(64)] for i in range(4)]
+    for e in engines.values():  # warm-up: kernels, allocator, the planners' first estimates
+        e.generate(prompts[0], max_tokens=16)
+    rows = []
+    for i, p in enumerate(prompts):
+        for name, e in engines.items():
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            r = e.generate(p, max_tokens=max_tokens)
+            dt = time.perf_counter() - t0
+            rows.append({"prompt": i, "config": name, "seconds": dt, "tokens": r.token_ids,
+                         "stats": r.stats.to_dict()})
+    out = {"gpu": _device_name(), "torch": torch.__version__, "max_tokens": max_tokens, "rows": rows,
+           "summary": {}}
+    base = {r["prompt"]: r for r in rows if r["config"] == "plain"}
+    for name in engines:
+        mine = [r for r in rows if r["config"] == name]
+        t = sum(r["seconds"] for r in mine)
+        n = sum(len(r["tokens"]) for r in mine)
+        tb = sum(base[r["prompt"]]["seconds"] for r in mine)
+        nb = sum(len(base[r["prompt"]]["tokens"]) for r in mine)
+        st = [r["stats"] for r in mine]
+        prop = sum(s["proposed_tokens"] for s in st)
+        out["summary"][name] = {
+            "tokens_per_s": n / t, "speedup": (tb / nb) / (t / n),
+            "identical": all(r["tokens"] == base[r["prompt"]]["tokens"] for r in mine),
+            "acceptance_rate": sum(s["accepted_draft_tokens"] for s in st) / prop if prop else None,
+            "rounds": sum(s["verification_rounds"] for s in st), "plain_steps": sum(s["plain_steps"] for s in st)}
+    print(json.dumps(out["summary"], indent=1))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--skip-curves", action="store_true")
-    a = ap.parse_args()
+    ap.add_argument("--engine", action="store_true", help="only the engine end to end (gpu_engine.json)")
+    ap.add_argument("--max-tokens", type=int, default=128, help="per request, with --engine")
+    a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if a.engine:
+        (out / "gpu_engine.json").write_text(json.dumps(engine_run(a.max_tokens)))
+        return
     env = {"torch": torch.__version__, "cuda": torch.version.cuda,
-           "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None}
+           "gpu": _device_name()}
     import transformers
     env["transformers"] = transformers.__version__
-    ex = exactness(device)
+    ex = exactness(DEVICE)
     print(json.dumps(ex, indent=1), flush=True)
     (out / "gpu_exactness.json").write_text(json.dumps({"env": env, **ex}, indent=1))
     if a.skip_curves:
         return
-    cv = curves(device)
+    cv = curves(DEVICE)
     (out / "gpu_curves.json").write_text(json.dumps({"env": env, "curves": cv}, indent=1))
 
 

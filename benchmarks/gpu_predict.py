@@ -1,9 +1,13 @@
-"""Predicted speedup per fixed D on the H200 curves (docs/data/gpu_curves_h200.json) for the
-acceptance measured on the CPU with the real models (docs/data/core_torch.jsonl): what the planner
-would expect on that GPU. Forward costs only (no per-round Python overhead, no prefill).
+"""Predicted speedup per fixed D on the H200 curves (docs/data/gpu_curves_h200.json, from
+benchmarks/gpu_check.py) for the acceptance measured on the CPU with the real models
+(docs/data/core_torch_packed.jsonl, from benchmarks/core.py torch): what the planner would expect
+on that GPU. Forward costs only (no per-round Python overhead, no prefill).
 
     .venv/bin/python benchmarks/gpu_predict.py
 """
+from __future__ import annotations
+
+import argparse
 import json
 
 import numpy as np
@@ -13,11 +17,13 @@ from draftwise.profile import ProfileResult
 from draftwise.stats import SpecStats, aggregate
 
 
-def curve(doc, name):
+def curve(doc: dict, name: str) -> CostCurve:
     return CostCurve.from_profile(ProfileResult(**doc["curves"][name]))
 
 
-def alpha(cfg: str, path="docs/data/core_torch.jsonl", n=16) -> tuple[np.ndarray, float]:
+def alpha(cfg: str, path: str = "docs/data/core_torch_packed.jsonl", n: int = 16) -> tuple[np.ndarray, float]:
+    """Conditional acceptance per position of one configuration's rows, and its share of
+    verification rounds among decode steps."""
     rows = [json.loads(line) for line in open(path)]
     st = aggregate([SpecStats(**{k: v for k, v in r["stats"].items() if k in SpecStats.__slots__})
                     for r in rows if r["config"] == cfg])
@@ -28,21 +34,25 @@ def alpha(cfg: str, path="docs/data/core_torch.jsonl", n=16) -> tuple[np.ndarray
     return np.concatenate([a, np.full(n - len(a), a[-1])])[:n], share
 
 
-def main() -> None:
-    doc = json.load(open("docs/data/gpu_curves_h200.json"))
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--curves", default="docs/data/gpu_curves_h200.json")
+    ap.add_argument("--rows", default="docs/data/core_torch_packed.jsonl")
+    a = ap.parse_args(argv)
+    doc = json.load(open(a.curves))
     target, draft = curve(doc, "qwen2.5-coder-1.5b"), curve(doc, "qwen2.5-coder-0.5b")
     print(f"H200, bf16, HF eager: 1.5B k=1 {1e3 * target(1):.1f} ms, k=8 {1e3 * target(8):.1f} ms, "
           f"k=16 {1e3 * target(16):.1f} ms; 0.5B k=1 {1e3 * draft(1):.1f} ms "
           f"({draft(1) / target(1):.2f} of a target step)")
     for label, cfg, dcurve in (("0.5B draft, HumanEval", "dw_model_d4", draft),
                                ("n-gram, EditEval", "dw_ngram_d10", None)):
-        a, share = alpha(cfg)
+        al, share = alpha(cfg, a.rows)
         pl = Planner(target, dcurve, prior=0.5, max_draft=16)
-        pred = pl.predicted_speedup(a)
+        pred = pl.predicted_speedup(al)
         if dcurve is None:  # steps without an n-gram match are plain steps
             pred = {d: 1 / (share / v + (1 - share)) for d, v in pred.items()}
         best = max(pred, key=pred.get)
-        print(f"{label}: alpha_1..4 = {np.round(a[:4], 2).tolist()}; predicted speedup "
+        print(f"{label}: alpha_1..4 = {np.round(al[:4], 2).tolist()}; predicted speedup "
               + ", ".join(f"D={d} {pred[d]:.2f}x" for d in (1, 2, 4, 8, 16)) + f"; best D={best} ({pred[best]:.2f}x)")
 
 

@@ -34,14 +34,14 @@ def kernels(w: torch.Tensor) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--in", dest="k_in", type=int, default=1536)
     ap.add_argument("--out", dest="n_out", type=int, default=8960)
     ap.add_argument("--rows", type=int, default=17)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     w = torch.randn(a.n_out, a.k_in) * 0.02  # [N, K]

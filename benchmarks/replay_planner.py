@@ -5,11 +5,12 @@ bench; prints per category the speedup over plain decoding of auto and fixed D =
 cost curves given, how many requests speculated and how many rounds caught up on more than the
 two tokens a fully accepted round leaves (after plain steps: the prompt or the skipped tokens).
 
-    .venv/bin/python benchmarks/replay_planner.py results/traces_llama.jsonl \
-        docs/data/profile_qwen2.5-coder-1.5b_llama.json docs/data/profile_qwen2.5-coder-0.5b_llama.json
+    .venv/bin/python benchmarks/replay_planner.py docs/data/traces_prose16.jsonl \
+        docs/data/profile_qwen2.5-coder-1.5b_torch_hybrid_method2_xeon.json \
+        docs/data/profile_qwen2.5-coder-0.5b_torch_method2_xeon.json
 
-`--margin M` replaces the planner's margin (default: draftwise.build.margin_for the curves; the
-risk term: draftwise.build.risk_for);
+`--margin M` replaces the planner's margin (default: draftwise.planner.planner_defaults for the
+curves);
 `--keep-margin M` the margin a caught-up draft model must keep beating plain by (default: the margin);
 `--set NAME=VALUE` (repeatable) any other numeric argument of draftwise.planner.Planner, e.g.
 `--set whole_z=0.75`;
@@ -18,12 +19,11 @@ draft tokens proposed and accepted and catch-ups, and D = 2's rounds, proposed a
 """
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from collections import defaultdict
 
-from draftwise.build import margin_for, prior_for, risk_for
-from draftwise.planner import CostCurve, Planner
+from draftwise.planner import CostCurve, Planner, planner_defaults
 from draftwise.profile import ProfileResult
 from draftwise.replay import replay, replay_ngram
 
@@ -36,16 +36,14 @@ def _counts(c: dict, keys: str) -> str:
     return " ".join(f"{k} {c.get(k, 0)}" for k in keys.split())
 
 
-def main(traces: str, target_profile: str, draft_profile: str | None = None, per_request: bool = False,
-         **kw) -> dict:
+def replay_run(traces: str, target_profile: str, draft_profile: str | None = None, per_request: bool = False,
+               **kw) -> dict:
     """Without a draft model's profile, the n-gram drafter (prompt lookup, n = 2..4)."""
     trs = sorted((json.loads(x) for x in open(traces)), key=lambda r: r["order"])
     vt, dt = curve(target_profile), (curve(draft_profile) if draft_profile else None)
     name = "model" if dt else "ngram"
     run = replay if dt else replay_ngram
-    kw.setdefault("margin", margin_for(vt, dt))
-    kw.setdefault("risk", risk_for(dt))
-    planner = Planner(vt, dt, prior=prior_for(name, 16), max_draft=16, online=False, **kw)
+    planner = Planner(vt, dt, max_draft=16, online=False, **{**planner_defaults(name, vt, dt, 16), **kw})
     cats: dict[str, list] = defaultdict(list)
     for tr in trs:
         plain = vt.raw(tr["prompt_tokens"]) + (len(tr["tokens"]) - 1) * vt.raw(1)
@@ -69,16 +67,34 @@ def main(traces: str, target_profile: str, draft_profile: str | None = None, per
     return res
 
 
+def _number(text: str) -> int | float:
+    return int(text) if text.lstrip("-").isdigit() else float(text)
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[list[str], dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("traces")
+    ap.add_argument("target_profile")
+    ap.add_argument("draft_profile", nargs="?", help="without it, the n-gram drafter is replayed")
+    ap.add_argument("--margin", type=_number)
+    ap.add_argument("--keep-margin", type=_number)
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="any other numeric argument of draftwise.planner.Planner")
+    ap.add_argument("--per-request", action="store_true")
+    a = ap.parse_args(argv)
+    kw = {k: v for k, v in (("margin", a.margin), ("keep_margin", a.keep_margin)) if v is not None}
+    for item in a.set:
+        name, _, value = item.partition("=")
+        kw[name] = _number(value)
+    if a.per_request:
+        kw["per_request"] = True
+    return [a.traces, a.target_profile] + ([a.draft_profile] if a.draft_profile else []), kw
+
+
+def main(argv: list[str] | None = None) -> dict:
+    pos, kw = parse_args(argv)
+    return replay_run(*pos, **kw)
+
+
 if __name__ == "__main__":
-    args = sys.argv[1:]  # TRACES TARGET_PROFILE [DRAFT_PROFILE] [--margin M] [--keep-margin M] [--set NAME=VALUE]...
-    kw, pos = {}, []
-    while args:
-        a = args.pop(0)
-        if a == "--per-request":
-            kw["per_request"] = True
-        elif a in ("--margin", "--keep-margin", "--set"):  # --margin M is --set margin=M
-            name, value = (a[2:].replace("-", "_"), args.pop(0)) if a != "--set" else args.pop(0).split("=", 1)
-            kw[name] = int(value) if value.lstrip("-").isdigit() else float(value)
-        else:
-            pos.append(a)
-    main(*pos, **kw)
+    main()

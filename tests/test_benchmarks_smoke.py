@@ -1,0 +1,200 @@
+"""Each driver in benchmarks/ runs end to end on the toy runner of tests/fakes.py or on a tiny saved
+input; drivers that need real models run their measuring part on toys and their reading and
+table-making part on what that wrote. benchmarks/ is not a package: drivers are loaded by path."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftwise.bench import BenchConfig, run_bench
+from draftwise.drafters.ngram import NgramDrafter
+from draftwise.engine import Engine
+from draftwise.planner import CostCurve, Planner
+from draftwise.profile import profile_runner
+from draftwise.prompts import Prompt
+from fakes import CharTokenizer, CycleRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = ["abcdeab", "cdeabcdea", "eabcdeabcdeab", "bcdeabc"]  # the cycle 0..4: n-gram drafts are right
+
+
+def driver(name: str):
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_at_most_ten_drivers_each_with_a_smoke_test():
+    drivers = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py"))
+    assert len(drivers) <= 10
+    tested = Path(__file__).read_text()
+    assert all(f'driver("{d}")' in tested for d in drivers), drivers
+
+
+def test_drivers_import_shared_code_only_from_the_package():
+    drivers = {p.stem for p in (ROOT / "benchmarks").glob("*.py")}
+    for path in (ROOT / "benchmarks").glob("*.py"):
+        text = path.read_text()
+        assert "sys.path" not in text, path.name
+        for d in drivers:
+            assert f"import {d}" not in text and f"from {d} import" not in text, (path.name, d)
+
+
+@pytest.fixture(scope="module")
+def planner_run(tmp_path_factory):
+    """A `draftwise bench` run on the toy runner: plain, n-gram auto and fixed D, two categories."""
+    tmp = tmp_path_factory.mktemp("planner_run")
+    workload = tmp / "w.jsonl"
+    workload.write_text("".join(json.dumps({"id": f"p{i}", "category": "odd" if i % 2 else "even", "prompt": t})
+                                + "\n" for i, t in enumerate(TEXTS)))
+    runner, tok = CycleRunner(), CharTokenizer()
+    auto = Planner(CostCurve({1: [10.0 + 2.0 * k for k in range(17)]}), None, prior=0.6, max_draft=8)
+    engines = {"plain": Engine(runner, tok), "ngram:auto": Engine(runner, tok, NgramDrafter(1, 3), "auto", planner=auto),
+               "ngram:2": Engine(runner, tok, NgramDrafter(1, 3), 2),
+               "ngram:4": Engine(runner, tok, NgramDrafter(1, 3), 4)}
+    cfg = BenchConfig(target="fake", workload=str(workload), n_per_category=None,
+                      configs=("plain", "ngram:auto", "ngram:2,4"), max_tokens=12, out_dir=str(tmp / "run"))
+    run_bench(cfg, engines=engines, tokenizer=tok, progress=False)
+    return tmp / "run"
+
+
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory):
+    """Saved `draftwise profile` curves of two toy runners (target, draft)."""
+    tmp = tmp_path_factory.mktemp("profiles")
+    out = []
+    for name, runner in (("target", CycleRunner()), ("draft", CycleRunner())):
+        prof = profile_runner(runner, range(1, 5), (1,), context_len=8, repeats=1, warmup=0)
+        out.append(str(prof.save(tmp / f"profile_{name}.json")))
+    return out
+
+
+def test_core_measures_checks_and_reports(tmp_path, capsys):
+    core = driver("core")
+    runner, tok = CycleRunner(), CharTokenizer()
+    prompts = [Prompt(f"p{i}", "editeval", text=t) for i, t in enumerate(TEXTS[:2])]
+
+    def other_plain(ids, max_new):  # stands in for transformers' or llama-cpp-python's own decoding
+        r = Engine(runner, tok).generate(ids, max_tokens=max_new)
+        return r.token_ids[:-1] + [(r.token_ids[-1] + 1) % 5], r.stats.wall_s  # one differing token
+
+    configs = [("lib_plain", other_plain), ("dw_plain", Engine(runner, tok)),
+               ("dw_ngram:4", Engine(runner, tok, NgramDrafter(1, 3), 4))]
+    plan = [(p, configs) for p in prompts]
+    out = tmp_path / "rows.jsonl"
+    meta = {"backend": "llama.cpp", "llama_cpp_python": "-", "threads": 1, "machine": "toy", "max_tokens": 8}
+    core.warm_up(plan, tok)
+    core.measure(out, plan, 8, meta, tok)
+    core.measure(out, plan, 8, meta, tok)  # resumed: nothing measured twice
+    core.append_divergences(out, runner, tok, {p.id: p for p in prompts})
+    assert len(capsys.readouterr().out.splitlines()) == 6  # one progress line per request measured
+    rows = [json.loads(line) for line in out.open()]
+    assert len([r for r in rows if not r["config"].startswith("divergence:")]) == 6
+    md = core.report(out)
+    assert "| dw_ngram:4 |" in md and "vs lib_plain" in md and "`dw_ngram:4` stats: proposed" in md
+    assert "p0 `lib_plain`: position" in md and "`dw_ngram:4`: position" not in md
+    core.main(["report", str(out)])
+    assert capsys.readouterr().out.strip() == md.strip()
+    a = core.parse_args(["torch", "--ngram-d", "10,auto", "--n", "1", "--no-hf"])
+    assert (a.cmd, a.ngram_d, a.n, a.no_hf, a.model_d) == ("torch", "10,auto", 1, True, 4)
+    a = core.parse_args(["llama", "--configs", "dw_plain,dw_ngram:15", "--fast-kernels"])
+    assert (a.cmd, a.configs, a.fast_kernels, a.workloads) == ("llama", "dw_plain,dw_ngram:15", True, "editeval,prose")
+
+
+def test_profile_table(profiles, capsys):
+    driver("profile_table").main(profiles)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| curve | b | k=1 | k=2 | k=3 | k=4 |")
+    assert lines[2].startswith("| target | 1 | ") and "(1.00×)" in lines[2] and len(lines) == 4
+
+
+def test_report_planner_and_step_costs(planner_run, capsys):
+    report = driver("report_planner")
+    report.main([str(planner_run)])
+    out = capsys.readouterr().out
+    assert out.startswith("output check: 0 of ") and "### ngram" in out
+    assert "| odd |" in out and "| all |" in out and "| category | ngram:2 | ngram:4 |" in out
+    report.main([str(planner_run), "--steps", "ngram"])
+    out = capsys.readouterr().out
+    assert "ms/forward" in out and "ngram:auto steps by draft tokens proposed" in out
+    assert any(line.startswith("even") and "ngram:2" in line for line in out.splitlines())
+
+
+def test_trace_agreement_and_replay(planner_run, profiles, tmp_path, capsys):
+    traces = tmp_path / "traces.jsonl"
+    driver("trace_agreement").write_traces(str(planner_run), str(traces), CycleRunner(), CycleRunner(),
+                                           CharTokenizer())
+    rows = [json.loads(line) for line in traces.open()]
+    assert len(rows) == len(TEXTS) and all(r["draft_argmax"] == r["tokens"] for r in rows)  # the toys agree
+    capsys.readouterr()
+    replay = driver("replay_planner")
+    res = replay.main([str(traces), *profiles, "--per-request", "--set", "whole_z=0.75"])  # draft model
+    assert set(res) == {"even", "odd"} and all(r["auto"] > 0 for r in res.values())
+    out = capsys.readouterr().out
+    assert "p0" in out and "catch-ups" in out
+    res = replay.main([str(traces), profiles[0], "--margin", "0.05"])  # the n-gram drafter
+    assert set(res["odd"]) == {"auto", 2, 4, 8}
+
+
+def test_gpu_check_on_the_cpu(tmp_path):
+    gpu = driver("gpu_check")
+    if gpu.DEVICE != "cpu":
+        pytest.skip("a GPU is present: the smoke test is the CPU path")
+    gpu.main(["--out", str(tmp_path), "--skip-curves"])
+    ex = json.loads((tmp_path / "gpu_exactness.json").read_text())
+    assert ex["model:4"]["identical"] and ex["ngram:4"]["identical"] and ex["sampling_seeded_repeat"]
+    gpu.main(["--engine", "--max-tokens", "6", "--out", str(tmp_path)])
+    summary = json.loads((tmp_path / "gpu_engine.json").read_text())["summary"]
+    assert set(summary) == {"plain", "ngram:4", "ngram:16", "ngram:auto", "model:4", "model:auto"}
+    assert summary["ngram:4"]["identical"]  # fp32 on the CPU: exact
+
+
+def test_gpu_predict_on_the_saved_curves(capsys):
+    data = ROOT / "docs" / "data"
+    driver("gpu_predict").main(["--curves", str(data / "gpu_curves_h200.json"),
+                                "--rows", str(data / "core_torch_packed.jsonl")])
+    out = capsys.readouterr().out
+    assert "0.5B draft, HumanEval: alpha_1..4 = [0.95, 0.93, 0.96, 0.92]" in out and "best D=0" in out
+
+
+def test_server_bench_commands(capsys):
+    server = driver("server_bench")
+    a = server.parse_args(["--d", "8", "--n", "2", "--concurrency", "1", "2", "--port", "9000"])
+    servers, bench = server.commands(a)
+    assert servers["plain"][-2:] == ["--port", "9000"] and "none" in servers["plain"]
+    assert servers["ngram"][servers["ngram"].index("--num-draft-tokens") + 1] == "8"
+    assert "plain=http://127.0.0.1:9000/v1" in bench and "ngram=http://127.0.0.1:9001/v1" in bench
+    assert bench[bench.index("--concurrency") + 1: bench.index("--concurrency") + 3] == ["1", "2"]
+    assert server.main(["--dry-run"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
+
+
+def test_linear_kernels_on_a_small_layer(capsys):
+    threads = torch.get_num_threads()
+    try:
+        driver("linear_kernels").main(["--in", "32", "--out", "48", "--rows", "3", "--repeats", "2",
+                                       "--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:2] == ["rows", "sgemm"] and len(lines) == 5
+
+
+def test_pad_rows_on_a_tiny_model(capsys):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from draftwise.backends import packed_linear
+    from draftwise.backends.torch_runner import TorchRunner
+
+    if not packed_linear.onednn_available():
+        pytest.skip("no oneDNN in this torch build")
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, vocab_size=16))
+    runner = TorchRunner(model, pack="onednn")
+    driver("pad_rows").measure(runner, CharTokenizer(), [t % 15 for t in range(40)], max_k=3, repeats=1, decode=4)
+    out = capsys.readouterr().out
+    assert "# pad from this pass:" in out and "chosen: True" in out
