@@ -1,4 +1,5 @@
-"""Assemble an Engine from model specs: target runner, drafter, and the vocabulary check."""
+"""One model spec and one loading path for every command: target runner, drafter, the vocabulary
+check and the draft-length policy; then an Engine (one request at a time) or a Scheduler (many)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +9,9 @@ from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
 from draftwise.models.load import default_backend, load_runner
 from draftwise.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from draftwise.planner import Planner
+from draftwise.policy import make_policy
+from draftwise.request import check_draft_len
+from draftwise.scheduler import Scheduler
 
 DRAFTERS = ("none", "model", "ngram")
 
@@ -17,27 +20,46 @@ class VocabularyMismatch(ValueError):
     pass
 
 
-@dataclass(slots=True)
-class EngineSpec:
+@dataclass(slots=True, kw_only=True)
+class ModelFields:
+    """Which models, and how they run: shared by every command's configuration."""
     target: str = DEFAULT_TARGET
-    drafter: str = "model"  # none | model | ngram
     draft_model: str = DEFAULT_DRAFT
-    num_draft_tokens: int | str = "auto"  # a fixed D, or "auto": the planner picks D per round
     backend: str | None = None  # None: llama.cpp for GGUF on CPU if installed, else torch
     draft_backend: str | None = None  # None: the target's backend
     threads: int | None = None
-    max_context: int | None = None
+    max_context: int | None = None  # tokens per sequence
     ngram_min: int = 2
     ngram_max: int = 4
-    n_batch: int | None = None  # llama.cpp only
-    fast_kernels: bool = False  # llama.cpp only: faster, not batch-invariant
+    n_batch: int | None = None  # llama.cpp only: tokens per decode call
+    fast_kernels: bool = False  # llama.cpp only: repacked weights, faster plain steps, not batch-invariant
+
+    def check_models(self) -> None:
+        if self.n_batch is not None and self.n_batch < 1:
+            raise ValueError(f"n_batch must be >= 1, got {self.n_batch}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"n-gram sizes need 1 <= min <= max, got {self.ngram_min}, {self.ngram_max}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+
+    def model_fields(self) -> dict:
+        return {f: getattr(self, f) for f in ModelFields.__dataclass_fields__}
+
+
+@dataclass(slots=True, kw_only=True)
+class EngineSpec(ModelFields):
+    """The models, the drafter and D: every command builds from one of these."""
+    drafter: str = "ngram"  # none | model | ngram
+    num_draft_tokens: int | str = "auto"  # a fixed D, or "auto": the planner picks D per round
+    max_running: int = 4  # sequences held at once (llama.cpp streams): requests batched together
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
             raise ValueError(f"unknown drafter {self.drafter!r}; choose one of {', '.join(DRAFTERS)}")
-        if self.num_draft_tokens != "auto" and (not isinstance(self.num_draft_tokens, int)
-                                                 or self.num_draft_tokens < 0):
-            raise ValueError(f"num_draft_tokens must be an integer >= 0 or 'auto', got {self.num_draft_tokens!r}")
+        check_draft_len(self.num_draft_tokens)
+        if self.max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {self.max_running}")
+        self.check_models()
         if self.backend is None:
             self.backend = default_backend(self.target)
         if self.draft_backend is None:
@@ -53,76 +75,47 @@ def check_vocabularies(target_tok, draft_tok, target_name: str, draft_name: str)
             "target's tokenizer (use --drafter ngram, or a draft from the same family)")
 
 
-def build_engine(spec: EngineSpec, target=None):
+def load_target(spec: EngineSpec):
+    """(runner, tokenizer) of the spec's target."""
+    return load_runner(spec.target, spec.backend, spec.threads, spec.max_context, **_backend_kw(spec.backend, spec))
+
+
+def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_runner=None):
+    """The drafter the spec names (or `kind`), None for plain decoding. A draft model's runner is
+    loaded unless `draft_runner` is given (one loaded model serves several drafters)."""
+    kind = kind or spec.drafter
+    if kind == "ngram":
+        return NgramDrafter(spec.ngram_min, spec.ngram_max)
+    if kind != "model":
+        return None
+    if draft_runner is None:
+        draft_runner, d_tok = load_runner(spec.draft_model, spec.draft_backend, spec.threads, spec.max_context,
+                                          **_backend_kw(spec.draft_backend, spec, draft=True))
+        check_vocabularies(tokenizer, d_tok, spec.target, spec.draft_model)
+    return ModelDrafter(draft_runner)
+
+
+def build_engine(spec: EngineSpec, target=None, **engine_kw):
     """Engine for the spec; pass an already loaded (runner, tokenizer) as target to reuse it.
     Returns (engine, target_runner, tokenizer)."""
-    runner, tok = target or load_runner(spec.target, spec.backend, spec.threads, spec.max_context,
-                                        **_backend_kw(spec.backend, spec))
-    drafter = None
-    if spec.drafter == "ngram":
-        drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
-    elif spec.drafter == "model":
-        d_runner, d_tok = load_runner(spec.draft_model, spec.draft_backend, spec.threads, spec.max_context,
-                                      **_backend_kw(spec.draft_backend, spec, draft=True))
-        check_vocabularies(tok, d_tok, spec.target, spec.draft_model)
-        drafter = ModelDrafter(d_runner)
-    planner = make_planner(runner, drafter) if spec.num_draft_tokens == "auto" and drafter else None
-    return Engine(runner, tok, drafter, spec.num_draft_tokens, planner=planner), runner, tok
+    runner, tok = target or load_target(spec)
+    drafter = load_drafter(spec, tok)
+    policy = make_policy(spec.num_draft_tokens, runner, drafter)
+    return Engine(runner, tok, drafter, spec.num_draft_tokens, policy=policy, max_running=spec.max_running,
+                  **engine_kw), runner, tok
 
 
-# where acceptance starts before a request has been seen: n-gram proposals are often wrong at
-# their first token and right after it; a same-family draft model is right more often than not
-PRIORS = {"ngram": [0.4] + [0.75] * 15, "model": [0.65] * 16}
-# how much a round's predicted rate must beat a plain step's (Planner.margin). A request's acceptance
-# estimate is a short-memory average and a round is chosen exactly when it is high, so rounds
-# realise less than predicted; a wrong round of a draft model also costs its draft forwards, so
-# its margin grows with a draft step's cost relative to a target step: 1/3 of that ratio (0.15 on
-# llama.cpp, 0.45; 0.11 on torch, 0.34). Chosen by replaying the planner on teacher-forced traces
-# (benchmarks/replay_planner.py; docs/planner.md); a flat 0.15 forwent torch's 15-18% on prose
-MARGIN = 0.03
-MARGIN_PER_DRAFT_STEP = 1 / 3
-# and, for a cheap drafter, 0.03 more per plain step a round would waste if its whole draft were
-# rejected (Planner.risk): where verifying k = 2 costs 2.2 plain steps and k = 17 costs 9.9 (llama.cpp
-# on an AMD EPYC, 2 cores) only long drafts can pay, and a long draft taken on a few tokens' evidence
-# cost 8 plain steps when it failed (QA 0.91x plain, planner_llama_v13). A draft model's margin
-# already grows with its draft's cost; there the same term lost 3-8% on code in replays
-RISK = 0.03
-
-
-def prior_for(drafter: str, max_draft: int) -> list[float]:
-    """PRIORS for positions 1..max_draft (the last value repeated past the table)."""
-    prior = PRIORS.get(drafter, [0.6] * max_draft)[:max_draft]
-    return prior + [prior[-1]] * (max_draft - len(prior))
-
-
-def risk_for(draft) -> float:
-    """Planner.risk for a draft model's curve (None: a cheap drafter)."""
-    return RISK if draft is None else 0.0
-
-
-def margin_for(verify, draft) -> float:
-    """Planner.margin for a target curve and a draft model's curve (None: a cheap drafter)."""
-    if draft is None:
-        return MARGIN
-    return max(MARGIN, MARGIN_PER_DRAFT_STEP * draft.raw(1) / verify.raw(1))
-
-
-def make_planner(runner, drafter, max_draft: int = 16, batch_sizes=(1,), log=print, **kw) -> Planner:
-    """A planner over the measured forward-cost curves of the target (and of the draft model)."""
-    import sys
-
-    from draftwise.planner import CostCurve
-    from draftwise.profile import cached_profile
-
-    log = log if log is not print else (lambda m: print(m, file=sys.stderr))
-    ks = range(1, max(max_draft, 16) + 2)  # k = 1..17 at least: one cached profile serves every D
-    verify = CostCurve.from_profile(cached_profile(runner, batch_sizes, ks, log=log))
-    draft = None
-    if not drafter.cheap:
-        draft = CostCurve.from_profile(cached_profile(drafter.runner, (1,), range(1, 18), log=log))
-    kw.setdefault("margin", margin_for(verify, draft))
-    kw.setdefault("risk", risk_for(draft))
-    return Planner(verify, draft, prior=prior_for(drafter.name, max_draft), max_draft=max_draft, **kw)
+def build_scheduler(spec: EngineSpec, observer=None, max_queue: int = 64, spec_off_above: int | None = None,
+                    pad_ragged: bool = False, tokenizer_wrap=None):
+    """A Scheduler for the spec (the server's loop), its `auto` planner priced at the batch sizes
+    it can run. Returns (scheduler, tokenizer)."""
+    runner, tok = load_target(spec)
+    drafter = load_drafter(spec, tok)
+    tok = tokenizer_wrap(tok) if tokenizer_wrap else tok
+    sizes = tuple(b for b in (1, 2, 4, 8, 16, 32) if b < spec.max_running) + (spec.max_running,)
+    policy = make_policy(spec.num_draft_tokens, runner, drafter, batch_sizes=sizes, off_above=spec_off_above)
+    return Scheduler(runner, tok, drafter, policy, spec.max_running, max_queue, observer=observer,
+                     pad_ragged=pad_ragged), tok
 
 
 def _backend_kw(backend: str, spec: EngineSpec, draft: bool = False) -> dict:
@@ -130,4 +123,5 @@ def _backend_kw(backend: str, spec: EngineSpec, draft: bool = False) -> dict:
         return {"pack": "single"} if draft else {}
     if backend != "llama.cpp":
         return {}
-    return {"fast_kernels": spec.fast_kernels, **({"n_batch": spec.n_batch} if spec.n_batch else {})}
+    return {"fast_kernels": spec.fast_kernels, "n_seq_max": spec.max_running,
+            **({"n_batch": spec.n_batch} if spec.n_batch else {})}

@@ -11,45 +11,46 @@ DEMO_PROMPT = ("Rename the variable `lst` to `numbers` everywhere and add a docs
                "    return sum((x - m) ** 2 for x in lst) / len(lst)\n```")
 
 
-def _engine_args(p: argparse.ArgumentParser) -> None:
-    from draftwise.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
+    """The model flags, defined once for every command (defaults: draftwise.build.EngineSpec)."""
+    from draftwise.build import EngineSpec, ModelFields
 
-    p.add_argument("--target", default=DEFAULT_TARGET, help="packaged name, .gguf file or HF directory")
-    p.add_argument("--drafter", choices=("none", "model", "ngram"), default="model")
-    p.add_argument("--draft-model", default=DEFAULT_DRAFT)
-    p.add_argument("--num-draft-tokens", type=_draft_len, default="auto",
-                   help="D per round: an integer, or auto (default): chosen every round from the measured "
-                        "forward-cost curves and the request's acceptance, 0 (plain) included")
+    d = EngineSpec.__dataclass_fields__
+    p.add_argument("--target", default=d["target"].default, help="packaged name, .gguf file or HF directory")
+    if drafting:
+        p.add_argument("--drafter", choices=("none", "model", "ngram"), default=d["drafter"].default)
+        p.add_argument("--num-draft-tokens", type=_draft_len, default=d["num_draft_tokens"].default,
+                       help="D per round: an integer, or auto (default): chosen every round from the measured "
+                            "forward-cost curves and the request's acceptance, 0 (plain) included")
+    p.add_argument("--draft-model", default=d["draft_model"].default)
     p.add_argument("--backend", choices=("torch", "llama.cpp"), default=None,
                    help="default: llama.cpp for GGUF models without a GPU (if installed), else torch")
-    p.add_argument("--draft-backend", choices=("torch", "llama.cpp"), default=None)
+    p.add_argument("--draft-backend", choices=("torch", "llama.cpp"), default=None, help="default: the target's")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--max-context", type=int, default=None, help="tokens per sequence")
     p.add_argument("--n-batch", type=int, default=None, help="llama.cpp: tokens per decode call (default 512)")
-    p.add_argument("--fast-kernels", action="store_true", help="llama.cpp: repacked-weight kernels, ~1.4x "
-                   "faster here but not batch-invariant: greedy output may differ from plain at near-ties")
-    p.add_argument("--ngram-min", type=int, default=2)
-    p.add_argument("--ngram-max", type=int, default=4)
+    p.add_argument("--fast-kernels", action="store_true", help="llama.cpp: repacked-weight kernels: faster plain "
+                   "steps, slower multi-token verification; neither mode is batch-invariant (docs/usage.md)")
+    p.add_argument("--ngram-min", type=int, default=d["ngram_min"].default)
+    p.add_argument("--ngram-max", type=int, default=d["ngram_max"].default)
+    assert set(ModelFields.__dataclass_fields__) <= {a.dest for a in p._actions}
 
 
 def _draft_len(text: str) -> int | str:
-    if text == "auto":
-        return text
+    from draftwise.request import check_draft_len
+
     try:
-        d = int(text)
+        return check_draft_len(text if text == "auto" else int(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0 or 'auto', got {text!r}") from None
-    if d < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {d}")
-    return d
 
 
-def _spec(a):
-    from draftwise.build import EngineSpec
+def _spec(a, **kw):
+    from draftwise.build import EngineSpec, ModelFields
 
-    return EngineSpec(a.target, a.drafter, a.draft_model, a.num_draft_tokens, a.backend, a.draft_backend,
-                      a.threads, a.max_context, a.ngram_min, a.ngram_max, a.n_batch,
-                      a.fast_kernels)
+    fields = {f: getattr(a, f) for f in ModelFields.__dataclass_fields__}
+    drafting = {f: getattr(a, f) for f in ("drafter", "num_draft_tokens", "max_running") if hasattr(a, f)}
+    return EngineSpec(**fields, **{**drafting, **kw})
 
 
 def cmd_generate(a) -> int:
@@ -61,14 +62,14 @@ def cmd_generate(a) -> int:
     SamplingParams(a.temperature, a.top_p, a.top_k, a.seed)  # bad settings fail before loading
     if a.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {a.max_tokens}")
-    engine, runner, tok = build_engine(_spec(a))
+    engine, runner, tok = build_engine(_spec(a, max_running=1))
     prompt = a.prompt if a.prompt is not None else DEMO_PROMPT
     ids = tok.encode(prompt) if a.raw else tok.apply_chat([{"role": "user", "content": prompt}])
     kw = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
               seed=a.seed, stop=a.stop)
     runs = {}
     if a.compare_plain:
-        runs["plain"] = Engine(runner, tok).generate(ids, **kw)
+        runs["plain"] = Engine(runner, tok, max_running=1).generate(ids, **kw)
     label = f"{a.drafter} D={a.num_draft_tokens}" if a.drafter != "none" else "plain"
     if a.json or a.compare_plain:
         runs[label] = engine.generate(ids, **kw)
@@ -130,10 +131,9 @@ def cmd_verify(a) -> int:
 
     if a.drafter == "none":
         raise ValueError("verify compares a drafter with plain decoding: choose --drafter model or ngram")
-    spec, runner, tok = build_engine(_spec(a))
     sampler = {"sampler": BUGS[a.inject_bug]} if a.inject_bug else {}
-    spec = Engine(runner, tok, spec.drafter, a.num_draft_tokens, reuse_prefix=True, planner=spec.planner, **sampler)
-    plain = Engine(runner, tok, reuse_prefix=True)
+    spec, runner, tok = build_engine(_spec(a, max_running=2), reuse_prefix=True, **sampler)
+    plain = Engine(runner, tok, reuse_prefix=True, max_running=1)
     prompts = [p.token_ids(tok) for p in load_workload(a.workload, a.prompts)][: a.prompts]
     if a.temperature == 0:
         rep = check_greedy(plain, spec, prompts, a.max_tokens)
@@ -150,18 +150,7 @@ def cmd_verify(a) -> int:
 
 
 def _bench_args(b: argparse.ArgumentParser) -> None:
-    from draftwise.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-
-    b.add_argument("--target", default=DEFAULT_TARGET)
-    b.add_argument("--draft-model", default=DEFAULT_DRAFT, help="for model:D configurations")
-    b.add_argument("--backend", choices=("torch", "llama.cpp"), default=None)
-    b.add_argument("--threads", type=int, default=None)
-    b.add_argument("--max-context", type=int, default=None)
-    b.add_argument("--ngram-min", type=int, default=2)
-    b.add_argument("--ngram-max", type=int, default=4)
-    b.add_argument("--n-batch", type=int, default=None, help="llama.cpp: tokens per decode call (default 512)")
-    b.add_argument("--fast-kernels", action="store_true", help="llama.cpp: repacked-weight kernels, faster but "
-                   "not batch-invariant: greedy output may differ from plain at near-ties")
+    _model_args(b, drafting=False)
     b.add_argument("--configs", nargs="+", default=["plain", "ngram:4", "model:4"],
                    help="plain, ngram:D, model:D; a comma list of D sweeps it (ngram:2,4,8)")
     b.add_argument("--baseline", default="plain")
@@ -206,11 +195,9 @@ def cmd_bench(a) -> int:
     from pathlib import Path
 
     from draftwise.bench import BenchConfig, run_bench, summarise, write_report
-    from draftwise.bench.report import check_text, conditions_text
+    from draftwise.bench.report import check_text, conditions_text, format_table
 
-    cfg = BenchConfig(target=a.target, draft_model=a.draft_model, backend=a.backend, threads=a.threads,
-                      max_context=a.max_context, ngram_min=a.ngram_min, ngram_max=a.ngram_max,
-                      n_batch=a.n_batch, fast_kernels=a.fast_kernels,
+    cfg = BenchConfig(**_spec(a).model_fields(),
                       max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                       sample_seed=a.sample_seed, configs=tuple(a.configs), baseline=a.baseline,
                       workload=a.workload, n_per_category=a.n or None, seed=a.seed, both_turns=a.both_turns,
@@ -230,7 +217,7 @@ def cmd_bench(a) -> int:
     html_path = write_report(summary, Path(cfg.out_dir) / "report.html")
     print(check_text(summary))  # first, before any speed figure
     print(conditions_text(summary))
-    print(summary.table())
+    print(format_table(summary))
     print(f"results {Path(cfg.out_dir) / 'requests.jsonl'}; summary {json_path}, {csv_path}; report {html_path}")
     return 0
 
@@ -240,8 +227,8 @@ def cmd_plan(a) -> int:
 
     from draftwise.bench import BenchConfig, run_bench, summarise
     from draftwise.bench.config import load_prompts
-    from draftwise.build import build_engine, make_planner
-    from draftwise.drafters.model import ModelDrafter
+    from draftwise.build import build_engine, load_drafter
+    from draftwise.policy import make_planner
     from draftwise.engine import Engine
     from draftwise.plan import (calibrate, curves_text, engine_configs, pilot, predict, save_engine_configs,
                                 write_predictions)
@@ -252,11 +239,11 @@ def cmd_plan(a) -> int:
     if a.drafter == "none":
         raise ValueError("plan chooses a draft length: choose --drafter model or ngram")
     a.num_draft_tokens = a.pilot_d
-    spec_engine, runner, tok = build_engine(_spec(a))
+    spec = _spec(a, max_running=1)
+    spec_engine, runner, tok = build_engine(spec)
     drafter = spec_engine.drafter
     planner = make_planner(runner, drafter, max_draft=a.pilot_d)
-    cfg = BenchConfig(target=a.target, draft_model=a.draft_model, backend=spec_engine.target.backend,
-                      max_tokens=a.max_tokens, workload=a.workload, n_per_category=a.n or None, seed=a.seed,
+    cfg = BenchConfig(**spec.model_fields(), max_tokens=a.max_tokens, workload=a.workload, n_per_category=a.n or None, seed=a.seed,
                       configs=("plain",), out_dir=str(out / "bench"), margins=False)
     prompts = load_prompts(cfg)
     ids = [p.token_ids(tok) for p in prompts]
@@ -278,11 +265,11 @@ def cmd_plan(a) -> int:
         print(f"wrote {p_}")
     if a.no_measure:
         return 0
-    engines = {"plain": Engine(runner, tok), f"{a.drafter}:auto": Engine(runner, tok, drafter, "auto",
-                                                                          planner=planner)}
+    engines = {"plain": Engine(runner, tok, max_running=1),
+               f"{a.drafter}:auto": Engine(runner, tok, drafter, "auto", planner=planner, max_running=1)}
     if best > 0:
-        other = ModelDrafter(drafter.runner) if a.drafter == "model" else type(drafter)(a.ngram_min, a.ngram_max)
-        engines[f"{a.drafter}:{best}"] = Engine(runner, tok, other, best)
+        other = load_drafter(spec, tok, draft_runner=drafter.runner)
+        engines[f"{a.drafter}:{best}"] = Engine(runner, tok, other, best, max_running=1)
     cfg.configs, cfg.margins = tuple(engines), True
     run_bench(cfg, engines=engines, tokenizer=tok, prompts=prompts, progress=not a.no_progress)
     s = summarise(cfg.out_dir)
@@ -302,6 +289,7 @@ def cmd_plan(a) -> int:
 def _plan_endpoint(a, out) -> int:
     """Measure a deployed engine: speculative endpoint against a plain one, acceptance from its counters."""
     from draftwise.bench import BenchConfig, run_bench, summarise
+    from draftwise.bench.report import format_table
 
     eps = {"speculative": a.endpoint}
     if a.baseline_endpoint:
@@ -310,7 +298,7 @@ def _plan_endpoint(a, out) -> int:
                       seed=a.seed, endpoints=eps, out_dir=str(out / "endpoint"), margins=False)
     run_bench(cfg, progress=not a.no_progress)
     s = summarise(cfg.out_dir)
-    print(s.table())
+    print(format_table(s))
     for r in s.rows:
         if r.scope == "all" and r.per_position_acceptance:
             print(f"{r.config}: per-position acceptance {[round(x, 3) for x in r.per_position_acceptance]}")
@@ -322,31 +310,17 @@ def _plan_endpoint(a, out) -> int:
 def cmd_serve(a) -> int:
     from draftwise.server import ServeConfig, serve
 
-    cfg = ServeConfig(a.target, a.drafter, a.draft_model, a.num_draft_tokens, a.backend, a.threads,
-                      a.max_context, a.max_running, a.max_queue, a.spec_off_above, a.ngram_min, a.ngram_max,
-                      a.n_batch, a.fast_kernels, a.model_name, a.pad_ragged)
+    cfg = ServeConfig(_spec(a), a.max_queue, a.spec_off_above, a.model_name, a.pad_ragged)
     print(f"draftwise serve: {cfg.model_name} on http://{a.host}:{a.port}/v1", file=sys.stderr)
     serve(cfg, a.host, a.port, a.log_level)
     return 0
 
 
 def _serve_args(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--target", default="smollm2-135m")
-    s.add_argument("--drafter", choices=("none", "model", "ngram"), default="ngram")
-    s.add_argument("--draft-model", default=None)
-    s.add_argument("--num-draft-tokens", type=lambda v: v if v == "auto" else int(v), default=4,
-                   help="default D, or auto: the planner's D per request and step (measures the target's cost "
-                   "curve once); a request may fix its own")
-    s.add_argument("--backend", choices=("torch", "llama.cpp"), default=None)
-    s.add_argument("--threads", type=int, default=None)
-    s.add_argument("--max-context", type=int, default=2048, help="tokens per sequence")
-    s.add_argument("--max-running", type=int, default=16, help="requests batched in one step")
+    _model_args(s)
+    s.add_argument("--max-running", type=int, default=4, help="requests batched in one step")
     s.add_argument("--max-queue", type=int, default=64, help="waiting requests beyond which the answer is 429")
     s.add_argument("--spec-off-above", type=int, default=None, help="no speculation while more requests run")
-    s.add_argument("--ngram-min", type=int, default=2)
-    s.add_argument("--ngram-max", type=int, default=4)
-    s.add_argument("--n-batch", type=int, default=None)
-    s.add_argument("--fast-kernels", action="store_true")
     s.add_argument("--model-name", default=None, help="served model id (default: the target spec)")
     s.add_argument("--pad-ragged", action="store_true", help="llama.cpp: pad each step's per-sequence feeds "
                    "to equal length, so the step is one ubatch (see docs/server.md)")
@@ -360,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     g = sub.add_parser("generate", help="generate text, speculatively or plainly")
-    _engine_args(g)
+    _model_args(g)
     g.add_argument("--prompt", default=None, help="user message (default: a small code-edit request)")
     g.add_argument("--raw", action="store_true", help="use the prompt as raw text, without the chat template")
     g.add_argument("--max-tokens", type=int, default=128)
@@ -379,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(fn=cmd_models)
 
     v = sub.add_parser("verify", help="check that speculation is lossless against plain decoding")
-    _engine_args(v)
+    _model_args(v)
     v.add_argument("--workload", default="editeval", help="editeval | humaneval | prose | a Spec-Bench "
                    "category | a .jsonl file")
     v.add_argument("--prompts", type=int, default=2)
@@ -398,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(fn=cmd_verify)
 
     pl = sub.add_parser("plan", help="measured curves, predicted speedup per D, then the measured speedup")
-    _engine_args(pl)
+    _model_args(pl)
     pl.add_argument("--workload", default="editeval", help="as for bench")
     pl.add_argument("--n", type=int, default=3, help="prompts per category")
     pl.add_argument("--seed", type=int, default=0)

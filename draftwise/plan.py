@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from draftwise.engine import Engine, GenerationResult
+from draftwise.engine import Engine
+from draftwise.request import GenerationResult
 from draftwise.planner import Planner
 
 
@@ -80,11 +81,11 @@ def curves_text(planner: Planner, max_k: int = 17) -> str:
 
 
 def hardware() -> dict:
-    from draftwise.profile import _cpu_model
+    from draftwise.machine import cpu_model
 
     import os
 
-    return {"cpu": _cpu_model() or platform.processor(), "cores": os.cpu_count(), "machine": platform.machine(),
+    return {"cpu": cpu_model() or platform.processor(), "cores": os.cpu_count(), "machine": platform.machine(),
             "measured": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 

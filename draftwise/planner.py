@@ -532,7 +532,9 @@ class Planner:
         if not self.online:
             return
         self.verify.observe(k, n_seqs, forward_s)
-        if self.draft is None:
+        if n_seqs > 1:  # the draft curves are per sequence; a batched step's drafting is not
+            pass
+        elif self.draft is None:
             self.draft_call_s += EMA * (draft_s - self.draft_call_s)
         elif d > 0:
             raw = self.draft.raw(max(behind, 1)) + (d - 1) * self.draft.raw(1)
@@ -548,3 +550,25 @@ class Planner:
             t = self.draft_cost(d) + self.verify(d + 1, n_seqs) + self.overhead_s
             out[d] = expected_tokens(alpha, d) / t * t_plain
         return out
+
+
+# Policy defaults (docs/planner.md says how each was chosen).
+# Acceptance before a request has been seen, per draft position: n-gram proposals are often wrong
+# at their first token and right after it; a same-family draft model is right more often than not.
+PRIORS = {"ngram": [0.4] + [0.75] * 15, "model": [0.65] * 16}
+# A round must beat a plain step's rate by MARGIN; a draft model's by MARGIN_PER_DRAFT_STEP x its
+# step's cost relative to a target step, as a rejected round also wastes its draft forwards.
+MARGIN = 0.03
+MARGIN_PER_DRAFT_STEP = 1 / 3
+# A cheap drafter's round needs RISK more per plain step it would waste if wholly rejected.
+RISK = 0.03
+
+
+def planner_defaults(drafter: str, verify: CostCurve, draft: CostCurve | None, max_draft: int) -> dict:
+    """Planner keyword arguments for a drafter by name, its target's curve and the draft model's
+    curve (None: a cheap drafter)."""
+    prior = PRIORS.get(drafter, [0.6] * max_draft)[:max_draft]
+    prior += [prior[-1]] * (max_draft - len(prior))
+    if draft is None:
+        return {"prior": prior, "margin": MARGIN, "risk": RISK}
+    return {"prior": prior, "margin": max(MARGIN, MARGIN_PER_DRAFT_STEP * draft.raw(1) / verify.raw(1)), "risk": 0.0}

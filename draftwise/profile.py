@@ -152,7 +152,6 @@ def runner_identity(runner: ModelRunner) -> dict | None:
 
 
 # NOTE(untangle): the old name, for plan.py until it imports machine.cpu_model
-_cpu_model = cpu_model
 
 
 # how profile_runner measures, part of a cached profile's key: a curve measured another way is

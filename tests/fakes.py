@@ -5,6 +5,7 @@ import torch
 class CycleRunner:
     """Next token after t is (t + 1) % period, as a peaked but not one-hot distribution."""
     backend = "fake"
+    n_seq_max = None
 
     def __init__(self, vocab=16, period=5, max_context=512, sharp=8.0):
         self.vocab_size, self.period, self.max_context, self.sharp = vocab, period, max_context, sharp
@@ -39,6 +40,9 @@ class CycleRunner:
 
     def free(self, s):
         del self.seqs[s]
+
+    def kv_bytes(self):
+        return 64 * sum(map(len, self.seqs.values()))
 
 
 class CharTokenizer:

@@ -6,14 +6,16 @@ import time
 
 import uvicorn
 
+from draftwise.build import EngineSpec
 from draftwise.server import ServeConfig, build_app
 
 
 class LiveServer:
     def __init__(self, **cfg):
         cfg = {"target": "smollm2-135m", "backend": "llama.cpp", "drafter": "ngram", "max_context": 512,
-               "max_running": 8, "threads": 2, **cfg}
-        self.app = build_app(ServeConfig(**cfg))
+               "max_running": 8, "threads": 2, "num_draft_tokens": 4, **cfg}
+        server = {k: cfg.pop(k) for k in ("max_queue", "spec_off_above", "model_name", "pad_ragged") if k in cfg}
+        self.app = build_app(ServeConfig(EngineSpec(**cfg), **server))
         self.scheduler = self.app.state.scheduler
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))

@@ -20,6 +20,7 @@ from draftwise.drafters.base import Proposal
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
 from draftwise.prompts import DATA_FILES, data_file
+from draftwise.scheduler import Scheduler
 from draftwise.verify import VerifyResult
 from fakes import CharTokenizer, CycleRunner
 
@@ -150,13 +151,13 @@ class Interrupt:
     def __init__(self, engine, n):
         self.engine, self.n, self.calls = engine, n, 0
         self.target, self.tokenizer, self.drafter = engine.target, engine.tokenizer, engine.drafter
-        self.num_draft_tokens, self.max_draft = engine.num_draft_tokens, engine.max_draft
+        self.num_draft_tokens, self.scheduler, self.request = engine.num_draft_tokens, engine.scheduler, engine.request
 
-    def stream(self, ids, **kw):
+    def run_batch(self, reqs):
         self.calls += 1
         if self.calls == self.n:
             raise KeyboardInterrupt
-        return self.engine.stream(ids, **kw)
+        return self.engine.run_batch(reqs)
 
 
 def test_interrupted_run_resumes_without_repeating(tmp_path):
@@ -231,17 +232,22 @@ def test_prompts_that_do_not_fit_are_left_out_for_every_configuration(tmp_path):
     assert session["skipped_prompts"] == ["p1", "p2"]
 
 
-def test_sequential_concurrency_is_marked_and_queued(tmp_path):
+def test_concurrent_requests_run_batched_in_process(tmp_path):
     cfg = config(tmp_path, concurrency=(1, 2), configs=("plain", "ngram:4"))
-    path = run_bench(cfg, engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+    engines = fake_engines()
+    runner = engines["plain"].target
+    path = run_bench(cfg, engines=engines, tokenizer=CharTokenizer(), progress=False)
     recs = requests(path)
     c1, c2 = [r for r in recs if r["concurrency"] == 1], [r for r in recs if r["concurrency"] == 2]
-    assert not any(r["sequential"] for r in c1) and all(r["sequential"] for r in c2)
-    second = [r for r in c2 if r["prompt_id"] == "p1" and r["config"] == "plain"][0]
-    first = [r for r in c2 if r["prompt_id"] == "p0" and r["config"] == "plain"][0]
-    assert second["queue_s"] >= first["e2e_s"]  # waited for the first request of its group
+    assert not any(r["sequential"] for r in recs)
+    assert max(map(len, runner.forwards)) == 2  # one target forward carried both requests of a group
+    by_key = {(r["config"], r["prompt_id"]): r for r in c2}
+    first, second = by_key["plain", "p0"], by_key["plain", "p1"]
+    assert second["queue_s"] < first["e2e_s"] and second["ttft_s"] < first["e2e_s"]  # they overlapped
+    assert {(r["config"], r["prompt_id"]): r["token_ids"] for r in c1} == \
+        {k: r["token_ids"] for k, r in by_key.items()}  # the same greedy outputs, alone or batched
     s = summarise(path)
-    assert all(r.sequential for r in s.rows if r.concurrency == 2)
+    assert not any(r.sequential for r in s.rows)
 
 
 def test_kv_bytes_are_probed_when_the_runner_reports_them(tmp_path):
@@ -344,21 +350,27 @@ def test_summary_metrics_per_configuration_category_and_bucket(tmp_path):
 # --- output check --------------------------------------------------------------------------
 
 class SevenDrafter:
-    name, max_context = "seven", None
+    name, max_context, cheap, runner = "seven", None, True, None
 
     def propose(self, key, ctx, n, params, gen):
         return Proposal([7] * n)
+
+    def pending(self, key, ctx):
+        return 0
 
     def release(self, key):
         pass
 
 
-class AcceptAll(Engine):
-    """A broken engine: keeps every draft token, so its output leaves the target's."""
-
+class AcceptAllScheduler(Scheduler):
     def _verify(self, logits, prop, params, gen):
         d = len(prop.tokens)
         return VerifyResult(prop.tokens + [int(logits[d].argmax())], d, d)
+
+
+class AcceptAll(Engine):
+    """A broken engine: keeps every draft token, so its output leaves the target's."""
+    scheduler_class = AcceptAllScheduler
 
 
 def test_mismatches_are_counted_and_shown_first(tmp_path):

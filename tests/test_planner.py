@@ -294,9 +294,9 @@ def test_early_stops_shorten_the_plan():
     assert told_d <= 2 and told_n < 2.5  # ~ what the rounds deliver: 2
 
 
-def test_auto_needs_a_planner_and_rejects_bad_d():
-    with pytest.raises(ValueError, match="planner"):
-        Engine(CycleRunner(), CharTokenizer(), NgramDrafter(), "auto")
+def test_auto_without_a_drafter_is_plain_and_bad_d_is_rejected():
+    r = Engine(CycleRunner(), CharTokenizer(), None, "auto").generate([0, 1, 2], max_tokens=6)
+    assert r.token_ids == [3, 4, 0, 1, 2, 3] and r.stats.plain_steps == 6 and r.plans is None
     with pytest.raises(ValueError, match="'auto'"):
         Engine(CycleRunner(), CharTokenizer(), NgramDrafter(), "four")
 

@@ -1,7 +1,7 @@
 """The offline replay of the planner (draftwise.replay) on hand-built teacher-forced traces."""
 import pytest
 
-from draftwise.build import PRIORS, margin_for
+from draftwise.planner import PRIORS, planner_defaults
 from draftwise.planner import CostCurve, Planner
 from draftwise.replay import replay, replay_ngram
 
@@ -43,7 +43,7 @@ def test_fixed_d_replays_acceptance_and_catch_up_by_hand():
 
 def test_auto_drafts_where_the_draft_agrees_and_stays_plain_where_it_never_does():
     pl = planner()
-    pl.margin = margin_for(pl.verify, pl.draft)
+    pl.margin = planner_defaults("model", pl.verify, pl.draft, pl.max_draft)["margin"]
     assert pl.margin == pytest.approx(42 / 94 / 3)  # a draft step costs 0.45 of a target step
     code = [trace([True] * 128) for _ in range(3)]
     speed = [plain_s(pl, tr) / replay(tr, pl)[0] for tr in code]

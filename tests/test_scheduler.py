@@ -7,6 +7,7 @@ import pytest
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
 from draftwise.sampling import SamplingParams
+from draftwise.policy import FixedDraftLength
 from draftwise.scheduler import QueueFull, Request, Scheduler
 from fakes import CharTokenizer, CycleRunner
 
@@ -43,7 +44,8 @@ def run_all(sched, prompts, **kw):
 
 def make(d=4, drafter=True, period=16, **kw):
     runner = CycleRunner(period=period)
-    return runner, Scheduler(runner, CharTokenizer(), NgramDrafter(1, 3) if drafter else None, d, **kw)
+    policy = FixedDraftLength(d, kw.pop("spec_off_above", None))
+    return runner, Scheduler(runner, CharTokenizer(), NgramDrafter(1, 3) if drafter else None, policy, **kw)
 
 
 @pytest.mark.parametrize("pad", [False, True])
@@ -98,7 +100,7 @@ def test_draft_model_drafts_every_request_in_one_forward_per_step(params):
              .generate(p, max_tokens=12, temperature=params.temperature, seed=params.seed).token_ids
              for p, d in zip(PROMPTS, ds)]
     draft = drafter()
-    sched = Scheduler(CycleRunner(period=16), CharTokenizer(), ModelDrafter(draft), 4)
+    sched = Scheduler(CycleRunner(period=16), CharTokenizer(), ModelDrafter(draft), FixedDraftLength(4))
     cols = []
     for p, d in zip(PROMPTS, ds):
         c = Collector()
@@ -165,14 +167,14 @@ def test_thread_and_failed_delivery_cancels():
 
 def test_planner_policy_turns_speculation_off_when_batching_makes_verification_dear():
     from draftwise.planner import CostCurve, Planner
-    from draftwise.server.planned import PlannedDraftLength
+    from draftwise.policy import PlannedDraftLength
 
     # alone, verifying k tokens costs about one forward; with 4 sequences it costs k forwards
     curve = CostCurve({1: [10, 10.5, 11, 11.5, 12], 4: [10, 20, 30, 40, 50]})
-    policy = PlannedDraftLength(Planner(curve, None, prior=0.9, max_draft=4, online=False, probe_max=0))
+    drafter = NgramDrafter(1, 3)
+    policy = PlannedDraftLength(Planner(curve, None, prior=0.9, max_draft=4, online=False, probe_max=0), drafter)
     runner = CycleRunner(period=16)
-    sched = Scheduler(runner, CharTokenizer(), NgramDrafter(1, 3), 4,
-                      choose_draft_len=policy.choose, after_round=policy.after_round)
+    sched = Scheduler(runner, CharTokenizer(), drafter, policy)
     alone = run_all(sched, PROMPTS[:1])[0].result.stats
     together = [c.result.stats for c in run_all(sched, PROMPTS)]
     assert alone.verification_rounds > 0
@@ -185,7 +187,7 @@ def test_planner_policy_prices_draft_catch_up_and_stops_drafts_early():
     from draftwise.drafters.base import StopRule
     from draftwise.drafters.model import ModelDrafter
     from draftwise.planner import CostCurve, Planner
-    from draftwise.server.planned import PlannedDraftLength
+    from draftwise.policy import PlannedDraftLength
 
     class StopAfterTwo(Planner):  # records what it is asked, and stops every draft before token 3
         def plan(self, req, n_seqs=1, available=None, behind=1):
@@ -202,7 +204,7 @@ def test_planner_policy_prices_draft_catch_up_and_stops_drafts_early():
                       prior=0.95, max_draft=6, online=False)
     drafter = ModelDrafter(CycleRunner(period=16))
     policy = PlannedDraftLength(pl, drafter)
-    sched = Scheduler(CycleRunner(period=16), CharTokenizer(), drafter, 6, **policy.hooks())
+    sched = Scheduler(CycleRunner(period=16), CharTokenizer(), drafter, policy)
     r = run_all(sched, PROMPTS[:1], max_tokens=20)[0].result
     n = len(PROMPTS[0])  # the draft model has not seen the prompt: a catch-up to price, after the
     assert asked[:4] == [n + 1, n + 2, n + 3, n + 4]  # plain steps that look at the target's confidence

@@ -16,6 +16,7 @@ class ModelRunner(Protocol):
     vocab_size: int  # width of the logits rows
     max_context: int  # most tokens one sequence may hold
     backend: str  # "torch" or "llama.cpp"
+    n_seq_max: int | None  # most sequences held at once (llama.cpp's streams), None = unbounded
 
     def new_sequence(self) -> int: ...
 
@@ -32,6 +33,8 @@ class ModelRunner(Protocol):
     def length(self, seq_id: int) -> int: ...
 
     def free(self, seq_id: int) -> None: ...
+
+    def kv_bytes(self) -> int: ...  # bytes of KV state held now, all sequences
 
 
 def check_forward_args(seq_ids: list[int], tokens: list[list[int]], num_logits: list[int]) -> None:

@@ -20,6 +20,7 @@ from draftwise.machine import cache_dir
 
 class TorchRunner:
     backend = "torch"
+    n_seq_max = None  # sequences are unbounded
 
     def __init__(self, model, max_context: int | None = None, device: str | torch.device = "cpu",
                  pack: str | None = None):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from draftwise.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from draftwise.build import EngineSpec, ModelFields
 from draftwise.prompts import Prompt, load_workload, sample, spec_bench
 from draftwise.sampling import SamplingParams
 
@@ -51,18 +51,9 @@ def parse_configs(items: list[str] | tuple[str, ...]) -> list[RunConfig]:
     return out
 
 
-@dataclass(slots=True)
-class BenchConfig:
-    # fixed conditions
-    target: str = DEFAULT_TARGET
-    draft_model: str = DEFAULT_DRAFT
-    backend: str | None = None  # None: as build.EngineSpec (llama.cpp for GGUF on CPU, else torch)
-    threads: int | None = None
-    max_context: int | None = None
-    ngram_min: int = 2
-    ngram_max: int = 4
-    n_batch: int | None = None  # llama.cpp: tokens per decode call (None: its default)
-    fast_kernels: bool = False  # llama.cpp: faster repacked kernels, not batch-invariant (see build.py)
+@dataclass(slots=True, kw_only=True)
+class BenchConfig(ModelFields):
+    # fixed conditions: the models (ModelFields, as every command), and
     max_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
@@ -97,8 +88,7 @@ class BenchConfig:
                 raise ValueError(f"{k} must be >= 1, got {v}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
-        if self.n_batch is not None and self.n_batch < 1:
-            raise ValueError(f"n_batch must be >= 1, got {self.n_batch}")
+        self.check_models()
         if self.n_per_category is not None and self.n_per_category < 1:
             raise ValueError(f"n_per_category must be >= 1, got {self.n_per_category}")
         if not self.concurrency or any(c < 1 for c in self.concurrency):
@@ -116,6 +106,11 @@ class BenchConfig:
         names = [c.name for c in self.run_configs()]
         if self.baseline not in names:
             raise ValueError(f"baseline {self.baseline!r} is not among the configurations {names}")
+
+    def engine_spec(self, drafter: str = "none", num_draft_tokens: int | str = 0) -> EngineSpec:
+        """The spec an in-process configuration loads with; it holds every concurrency level's requests."""
+        return EngineSpec(**self.model_fields(), drafter=drafter, num_draft_tokens=num_draft_tokens,
+                          max_running=max(self.concurrency))
 
     def run_configs(self) -> list[RunConfig]:
         if self.endpoints:

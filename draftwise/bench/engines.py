@@ -33,29 +33,26 @@ def build_targets(cfg: BenchConfig, engines: dict[str, Engine] | None = None, to
 
 
 def build_engines(cfg: BenchConfig) -> dict[str, Engine]:
-    """Load the target once, and the draft model once if any configuration drafts with it; loading
-    goes through build.build_engine, so backends, kernels and the vocabulary check are the CLI's."""
-    from draftwise.build import EngineSpec, build_engine, make_planner
-    from draftwise.drafters.model import ModelDrafter
-    from draftwise.drafters.ngram import NgramDrafter
+    """Load the target once, and the draft model once if any configuration drafts with it, through
+    the one loading path (draftwise.build), so backends, kernels and the vocabulary check are the CLI's."""
+    from draftwise.build import load_drafter, load_target
+    from draftwise.policy import make_policy
 
-    spec = EngineSpec(cfg.target, "none", cfg.draft_model, 0, cfg.backend, None, cfg.threads, cfg.max_context,
-                      cfg.ngram_min, cfg.ngram_max, cfg.n_batch, cfg.fast_kernels)
-    plain, runner, tok = build_engine(spec)
+    spec = cfg.engine_spec()
+    runner, tok = load_target(spec)
     run_cfgs = cfg.run_configs()
     draft_runner = None
     if any(c.drafter == "model" for c in run_cfgs):
-        spec.drafter = "model"
-        draft_runner = build_engine(spec, target=(runner, tok))[0].drafter.runner
+        draft_runner = load_drafter(spec, tok, "model").runner
     out = {}
-    for c in run_cfgs:
-        if c.drafter == "none":
-            out[c.name] = plain
-            continue
-        if c.drafter == "ngram":
-            drafter = NgramDrafter(cfg.ngram_min, cfg.ngram_max)
-        else:  # one ModelDrafter per engine (its own request state) over the one draft runner
-            drafter = ModelDrafter(draft_runner)
-        planner = make_planner(runner, drafter) if c.num_draft_tokens == "auto" else None
-        out[c.name] = Engine(runner, tok, drafter, c.num_draft_tokens, planner=planner)
+    for c in run_cfgs:  # one drafter per engine (its own request state) over the one draft runner
+        drafter = load_drafter(spec, tok, c.drafter, draft_runner)
+        policy = make_policy(c.num_draft_tokens, runner, drafter, batch_sizes=_batch_sizes(cfg))
+        out[c.name] = Engine(runner, tok, drafter, c.num_draft_tokens, policy=policy,
+                             max_running=spec.max_running)
     return out
+
+
+def _batch_sizes(cfg: BenchConfig) -> tuple[int, ...]:
+    """The batch sizes `auto` prices: 1 and each concurrency level."""
+    return tuple(sorted({1, *cfg.concurrency}))

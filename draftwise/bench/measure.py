@@ -81,59 +81,78 @@ def kernels(runner) -> str | None:
     return mode + (f", pad {list(pad)}" if pad else "")
 
 
-class EngineTarget:
-    """Runs requests on an in-process Engine. The engine is not batched yet, so a group of
-    concurrent requests runs one after another: its rows are marked sequential, and a request's
-    queue_s is the wait for those before it in the group."""
+class _Record:
+    """One request's chunk arrival times and result, collected by its deliver callback."""
 
-    sequential = True
+    def __init__(self, target: EngineTarget):
+        self.target, self.t_chunks, self.result, self.error = target, [], None, None
+
+    def deliver(self, ev) -> None:
+        now = time.perf_counter()
+        if isinstance(ev, BaseException):
+            self.error = ev
+            return
+        if ev.token_ids:
+            self.t_chunks.append(now)
+        if ev.result is not None:
+            self.result, self.end = ev.result, now
+        else:
+            self.target.probe_kv()  # the last chunk comes after the KV is freed
+
+
+class EngineTarget:
+    """Runs a group of requests on an in-process Engine, together in its batched loop: a group of
+    `concurrency` requests shares every target forward, as on a server."""
+
+    sequential = False
 
     def __init__(self, engine: Engine, kv_probe: bool = True):
         self.engine = engine
         # KV bytes are read at each chunk (tens of microseconds); the time is stored as probe_s
-        self.kv_probe = kv_probe and hasattr(engine.target, "kv_bytes")
-        self.draft_runner = getattr(engine.drafter, "runner", None)
+        self.kv_probe = kv_probe
+        self.draft_runner = engine.drafter.runner if engine.drafter is not None else None
+        self.kv = self.dkv = 0
+        self.probe_s = 0.0
+
+    def probe_kv(self) -> None:
+        if self.kv_probe:
+            tp = time.perf_counter()
+            self.kv = max(self.kv, self.engine.target.kv_bytes())
+            if self.draft_runner is not None:
+                self.dkv = max(self.dkv, self.draft_runner.kv_bytes())
+            self.probe_s += time.perf_counter() - tp
 
     def run_group(self, requests: list[tuple[Prompt, list[int], dict]]) -> tuple[list[dict], None]:
         """requests: (prompt, its token ids, stream kwargs) each; one record per request, in order."""
+        self.kv = self.dkv = 0
+        self.probe_s = 0.0
+        recs = [_Record(self) for _ in requests]
+        reqs = [self.engine.request(ids, rec.deliver, **kw) for (_, ids, kw), rec in zip(requests, recs)]
         t_group = time.perf_counter()
-        out = []
-        for _, ids, kw in requests:
-            rec = self.run_one(ids, kw)
-            rec["queue_s"] = rec.pop("_t0") - t_group
-            out.append(rec)
-        return out, None
-
-    def run_one(self, ids: list[int], kw: dict) -> dict:
-        t_chunks, kv, dkv, probe, result = [], 0, 0, 0.0, None
         with RssSampler() as rss:
-            t0 = time.perf_counter()
-            for chunk in self.engine.stream(ids, **kw):
-                now = time.perf_counter() - t0
-                if chunk.token_ids:
-                    t_chunks.append(now)
-                if chunk.result is not None:
-                    result = chunk.result
-                elif self.kv_probe:  # the last chunk comes after the KV is freed
-                    tp = time.perf_counter()
-                    kv = max(kv, self.engine.target.kv_bytes())
-                    if self.draft_runner is not None and hasattr(self.draft_runner, "kv_bytes"):
-                        dkv = max(dkv, self.draft_runner.kv_bytes())
-                    probe += time.perf_counter() - tp
-            end = time.perf_counter() - t0
-        return {"_t0": t0, **timing_fields(t_chunks, end), "emitted_tokens": len(result.token_ids),
-                "token_ids": result.token_ids, "text": result.text, "finish_reason": result.finish_reason,
-                "prompt_tokens": result.prompt_tokens, "stats": result.stats.to_dict(),
-                "rss_start_bytes": rss.start, "rss_peak_bytes": rss.peak,
-                "kv_peak_bytes": kv if self.kv_probe else None,
-                "draft_kv_peak_bytes": dkv if self.kv_probe and self.draft_runner is not None else None,
-                "probe_s": probe, **({"plans": result.plans} if result.plans is not None else {})}
+            self.engine.run_batch(reqs)
+        out = []
+        for req, rec in zip(reqs, recs):
+            if rec.error is not None:
+                raise rec.error
+            r = rec.result
+            t0 = req.t0
+            out.append({**timing_fields([t - t0 for t in rec.t_chunks], rec.end - t0), "queue_s": t0 - t_group,
+                        "emitted_tokens": len(r.token_ids), "token_ids": r.token_ids, "text": r.text,
+                        "finish_reason": r.finish_reason, "prompt_tokens": r.prompt_tokens,
+                        "stats": r.stats.to_dict(), "rss_start_bytes": rss.start, "rss_peak_bytes": rss.peak,
+                        "kv_peak_bytes": self.kv if self.kv_probe else None,
+                        "draft_kv_peak_bytes": self.dkv if self.kv_probe and self.draft_runner is not None else None,
+                        "probe_s": self.probe_s / len(reqs),
+                        **({"plans": [list(p) for p in r.plans]} if r.plans is not None else {})})
+        return out, None
 
     def describe(self) -> dict:
         d = self.engine.drafter
-        return {"sequential": True, "backend": getattr(self.engine.target, "backend", None),
+        return {"sequential": False, "backend": self.engine.target.backend,
                 "precision": precision(self.engine.target), "kernels": kernels(self.engine.target),
-                "drafter": getattr(d, "name", None), "num_draft_tokens": self.engine.num_draft_tokens if d else 0,
+                "drafter": d.name if d is not None else None,
+                "num_draft_tokens": self.engine.num_draft_tokens if d else 0,
                 "draft_weight_bytes": weight_bytes(self.draft_runner) if self.draft_runner is not None else None,
                 "target_weight_bytes": weight_bytes(self.engine.target)}
 

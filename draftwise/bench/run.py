@@ -56,13 +56,13 @@ def request_kwargs(cfg: BenchConfig, repeat: int, prompt_index: int) -> dict:
             "top_k": cfg.top_k, "seed": seed}
 
 
-def _fits(targets: dict, n: int, max_tokens: int) -> bool:
-    """Whether a prompt of n tokens fits every in-process configuration's context."""
+def _fits(targets: dict, ids: list[int], max_tokens: int) -> bool:
+    """Whether a prompt fits every in-process configuration's context."""
     for t in targets.values():
         if isinstance(t, EngineTarget):
-            e = t.engine
-            limit = min(e.target.max_context, getattr(e.drafter, "max_context", None) or e.target.max_context)
-            if n + max_tokens + e.max_draft > limit:
+            try:
+                t.engine.scheduler.check(ids, max_tokens)
+            except ValueError:
                 return False
     return True
 
@@ -74,7 +74,7 @@ def run_bench(cfg: BenchConfig, engines: dict[str, Engine] | None = None, tokeni
     prompts = load_prompts(cfg) if prompts is None else prompts
     targets, tok = build_targets(cfg, engines, tokenizer)
     all_ids = [p.token_ids(tok) for p in prompts]
-    fits = [_fits(targets, len(x), cfg.max_tokens) for x in all_ids]
+    fits = [_fits(targets, x, cfg.max_tokens) for x in all_ids]
     skipped = [p.id for p, ok in zip(prompts, fits) if not ok]  # left out for every configuration alike
     prompts, ids = [p for p, ok in zip(prompts, fits) if ok], [x for x, ok in zip(all_ids, fits) if ok]
     if not prompts:

@@ -123,12 +123,6 @@ class Summary:
                 w.writerow(_csv_row(r))
         return d / "summary.json", d / "summary.csv"
 
-    def table(self, scope: str = "all") -> str:
-        # NOTE(untangle): an upward import kept for cli.py; remove once it calls report.format_table
-        from draftwise.bench.report import format_table
-
-        return format_table(self, scope)
-
 
 _LAT = ("ttft", "itl", "e2e")
 _SKIP = {"per_position_acceptance", "step_ms", "cdf", *_LAT}

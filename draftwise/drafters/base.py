@@ -6,6 +6,7 @@ from typing import Protocol
 
 import torch
 
+from draftwise.backends.base import ModelRunner
 from draftwise.sampling import SamplingParams
 
 
@@ -56,17 +57,21 @@ class Drafter(Protocol):
     itself. `seq_key` identifies the request, so one drafter serves several in flight.
 
     `cheap`: proposing costs next to nothing (n-gram), so the planner may look at a proposal
-    before choosing how much of it to verify. `stop` (optional, drafters with their own
-    probabilities): when to stop drafting early, see StopRule. `pending` is how many context
-    tokens the drafter has not yet seen (what its next propose must catch up on)."""
+    before choosing how much of it to verify; a drafter that is not cheap has a model `runner`
+    and drafts for several requests in lockstep with `propose_many`. `stop` (optional, drafters
+    with their own probabilities): when to stop drafting early, see StopRule. `pending` is how
+    many context tokens the drafter has not yet seen (what its next propose must catch up on)."""
 
     name: str
     max_context: int | None  # most tokens the drafter can hold, None = unbounded
     cheap: bool
+    runner: ModelRunner | None  # the draft model's runner; None for a cheap drafter
 
     def propose(self, seq_key: int, context: list[int], num_tokens: int,
                 params: SamplingParams, generator: torch.Generator | None,
                 stop: StopRule | None = None) -> Proposal: ...
+
+    def propose_many(self, items: list[tuple]) -> list[Proposal]: ...  # not cheap: see ModelDrafter
 
     def pending(self, seq_key: int, context: list[int]) -> int: ...
 

@@ -91,7 +91,7 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, metrics: Server
     async def _serve(body, ids: list[int], fmt: Formatter, http: HttpRequest):
         max_tokens = body.max_tokens
         if max_tokens is None:  # chat: up to the context
-            max_tokens = max(1, scheduler.target.max_context - len(ids) - scheduler.num_draft_tokens)
+            max_tokens = max(1, scheduler.target.max_context - len(ids) - scheduler.max_draft)
         try:
             params = SamplingParams(body.temperature, body.top_p, body.top_k, body.seed)
             logprobs = body.logprobs_k()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from draftwise.engine import GenerationResult
+from draftwise.request import GenerationResult
 
 _LAT = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _SEQS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from draftwise.engine import Chunk, GenerationResult, TokenLogprobs
+from draftwise.request import Chunk, GenerationResult, TokenLogprobs
 
 
 def sse(obj) -> str:

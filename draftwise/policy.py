@@ -1,0 +1,183 @@
+"""Draft length per round: a fixed D, or `auto` (the planner). Two implementations of one
+interface, which the one decoding loop (draftwise.scheduler) calls for one request or many:
+
+    ask(st, n, room)                tokens to ask a cheap drafter for, before choosing
+    choose(st, n, available, behind) -> D this round (0: a plain step)
+    stop(st)                        the draft model's early-stop rule for this round, or None
+    learn(st, round)                what the round showed (after verification)
+    observe_step(step)              the step's measured times
+    begin(st) / finish(st)          a request's first token was committed / it ended
+
+`st` is the scheduler's RequestState; the policy keeps its own per-request state in `st.policy`.
+A request that fixes its own D (`Request.num_draft_tokens`) keeps it under either policy.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from draftwise.drafters.base import Drafter, Proposal, StopRule
+from draftwise.planner import CostCurve, Plan, Planner, RequestPlan, planner_defaults
+from draftwise.request import PlanStep
+from draftwise.sampling import SamplingParams, target_top, warp
+from draftwise.verify import VerifyResult
+
+
+@dataclass(slots=True)
+class RoundOutcome:
+    """One request's round, as the policy learns from it."""
+    proposal: Proposal
+    result: VerifyResult
+    logits: torch.Tensor  # [d+1, V] the target's rows of this round
+    params: SamplingParams
+    shadow: int | None  # a cheap drafter's unverified first token (D = 0 chosen over it)
+    round_s: float  # measured seconds of the step up to this request's verification
+
+
+@dataclass(slots=True)
+class StepTimes:
+    """One step's measured seconds: the target forward of `k` tokens per sequence for `n_seqs`
+    sequences, drafting (`forwards` draft-model forwards, the first catching up on `behind`
+    tokens, when one sequence drafted), and the rest."""
+    k: int
+    n_seqs: int
+    forward_s: float
+    draft_s: float
+    other_s: float
+    forwards: int = 0
+    behind: int = 1
+
+
+class DraftPolicy(Protocol):
+    max_draft: int  # the most draft tokens a round may propose: what the context must leave room for
+
+    def begin(self, st) -> None: ...
+    def ask(self, st, n_running: int, room: int) -> int: ...
+    def choose(self, st, n_running: int, available: int, behind: int) -> int: ...
+    def stop(self, st) -> StopRule | None: ...
+    def learn(self, st, outcome: RoundOutcome) -> None: ...
+    def observe_step(self, step: StepTimes) -> None: ...
+    def finish(self, st) -> None: ...
+
+
+class FixedDraftLength:
+    """D tokens every round (fewer when the output has less room), or none while more than
+    `off_above` requests run."""
+
+    def __init__(self, d: int, off_above: int | None = None):
+        self.max_draft, self.off_above = d, off_above
+
+    def _d(self, st, n_running: int) -> int:
+        if self.off_above is not None and n_running > self.off_above:
+            return 0
+        return self.max_draft if st.req.num_draft_tokens is None else st.req.num_draft_tokens
+
+    def ask(self, st, n_running: int, room: int) -> int:
+        return min(self._d(st, n_running), room)
+
+    def choose(self, st, n_running: int, available: int, behind: int) -> int:
+        return min(self._d(st, n_running), available)
+
+    def begin(self, st) -> None: ...
+    def stop(self, st) -> StopRule | None: return None
+    def learn(self, st, outcome: RoundOutcome) -> None: ...
+    def observe_step(self, step: StepTimes) -> None: ...
+    def finish(self, st) -> None: ...
+
+
+@dataclass(slots=True)
+class _Auto:
+    """A request's state under the planner."""
+    req: RequestPlan
+    plan: Plan | None = None  # this round's
+
+
+class PlannedDraftLength:
+    """`auto`: the planner (draftwise.planner) picks each request's D every round from its
+    acceptance so far and the measured forward costs at the step's batch size (0 included). A
+    cheap drafter proposes first and the planner picks how much of it to verify (an unverified
+    first token, the shadow, is scored after the plain step); a draft model is asked for the
+    planner's D only, its catch-up after plain steps priced (`behind`) and its draft stopped
+    early by the plan's StopRule."""
+
+    def __init__(self, planner: Planner, drafter: Drafter):
+        self.planner, self.cheap = planner, drafter.cheap
+        self.max_draft = planner.max_draft
+
+    def begin(self, st) -> None:
+        if st.req.num_draft_tokens is not None:
+            return  # fixed by the request
+        st.policy = _Auto(self.planner.new_request(st.req.max_tokens))
+        st.plans = []
+        # the prediction covers the whole request, prefill included
+        st.stats.predicted_s = st.stats.predicted_plain_s = st.stats.prefill_s
+
+    def ask(self, st, n_running: int, room: int) -> int:
+        return min(self.max_draft if st.policy is not None else st.req.num_draft_tokens, room)
+
+    def choose(self, st, n_running: int, available: int, behind: int) -> int:
+        if st.policy is None:
+            return min(st.req.num_draft_tokens, available)
+        st.policy.plan = plan = self.planner.plan(st.policy.req, n_running, available=available, behind=behind)
+        plan.behind = behind
+        return plan.d
+
+    def stop(self, st) -> StopRule | None:
+        return None if st.policy is None or st.policy.plan is None else st.policy.plan.stop
+
+    def learn(self, st, o: RoundOutcome) -> None:
+        if st.policy is None:
+            return
+        plan, req, res, prop = st.policy.plan, st.policy.req, o.result, o.proposal
+        # the planner's predicted seconds for the tokens this round emitted, and for plain steps
+        # emitting them (the round's planned E[N] would count tokens an early stop never drafted)
+        st.stats.predicted_s += len(res.tokens) / plan.rate
+        st.stats.predicted_plain_s += len(res.tokens) / plan.plain_rate
+        top = None if self.cheap else target_top(o.logits, len(prop.tokens), res.num_accepted)
+        self.planner.commit(req, plan, len(prop.tokens), res.num_accepted, len(res.tokens), prop.confidence,
+                            prop.stop_confidence, o.round_s, top)
+        if o.shadow is not None:  # P(accept) of the unverified token: p(x) at the plain step's position
+            if o.params.greedy:
+                p = float(int(o.logits[0].argmax()) == o.shadow)
+            else:
+                p = float(warp(o.logits[:1], o.params)[0, o.shadow])
+            self.planner.shadow(req, p)
+        st.plans.append(PlanStep(plan.d, len(prop.tokens), plan.behind if plan.d and not self.cheap else 0,
+                                 round(1e3 * (plan.seconds or 1.0 / plan.plain_rate), 1),
+                                 round(1e3 * o.round_s, 1), round(1e3 * self.planner.draft_cost(1), 1)))
+        st.policy.plan = None
+
+    def observe_step(self, s: StepTimes) -> None:
+        self.planner.observe_times(s.k, s.n_seqs, s.forward_s, s.forwards, s.behind, s.draft_s, s.other_s)
+
+    def finish(self, st) -> None:
+        if st.policy is not None:
+            self.planner.finish(st.policy.req)
+
+
+def make_planner(runner, drafter: Drafter, max_draft: int = 16, batch_sizes=(1,), log=None, **kw) -> Planner:
+    """A planner over the measured forward-cost curves of the target (and of the draft model),
+    measured once per machine and cached (draftwise.profile.cached_profile)."""
+    from draftwise.profile import cached_profile
+
+    log = log or (lambda m: print(m, file=sys.stderr))
+    ks = range(1, max(max_draft, 16) + 2)  # k = 1..17 at least: one cached profile serves every D
+    verify = CostCurve.from_profile(cached_profile(runner, batch_sizes, ks, log=log))
+    draft = None
+    if not drafter.cheap:
+        draft = CostCurve.from_profile(cached_profile(drafter.runner, (1,), range(1, 18), log=log))
+    return Planner(verify, draft, max_draft=max_draft, **{**planner_defaults(drafter.name, verify, draft, max_draft), **kw})
+
+
+def make_policy(num_draft_tokens: int | str, runner, drafter: Drafter | None, batch_sizes=(1,),
+                off_above: int | None = None, planner: Planner | None = None) -> DraftPolicy:
+    """The policy for a D setting: "auto" (with a drafter) plans, an integer is fixed; no
+    drafter means plain decoding whatever D says."""
+    if drafter is None:
+        return FixedDraftLength(0)
+    if num_draft_tokens == "auto":
+        return PlannedDraftLength(planner or make_planner(runner, drafter, batch_sizes=batch_sizes), drafter)
+    return FixedDraftLength(num_draft_tokens, off_above)
