@@ -149,7 +149,8 @@ def llama_plan(a) -> tuple[list, object, object, dict]:
     from draftwise.models.registry import resolve
     from draftwise.prompts import edit_eval, spec_bench
 
-    target, tok = _load_target(backend="llama.cpp", threads=a.threads, fast_kernels=a.fast_kernels)
+    kernels = "repacked" if a.fast_kernels else "standard"
+    target, tok = _load_target(backend="llama.cpp", threads=a.threads, kernels=kernels)
 
     def llama(**kw):
         llm = llama_cpp.Llama(resolve(TARGET).path, n_ctx=4096, n_threads=a.threads, verbose=False, **kw)
@@ -173,7 +174,7 @@ def llama_plan(a) -> tuple[list, object, object, dict]:
             configs[c] = Engine(target, tok, NgramDrafter(min_n, max_n), int(d))
         elif kind == "dw_model":
             configs[c] = _engine(dict(target=TARGET, drafter="model", draft_model=DRAFT, num_draft_tokens=int(d),
-                                      backend="llama.cpp", threads=a.threads, fast_kernels=a.fast_kernels),
+                                      backend="llama.cpp", threads=a.threads, kernels=kernels),
                                  (target, tok))
         elif kind == "llama_plain":
             configs[c] = llama()

@@ -14,6 +14,17 @@ from draftwise.request import check_draft_len
 from draftwise.scheduler import Scheduler
 
 DRAFTERS = ("none", "model", "ngram")
+# llama.cpp's CPU kernels. "repacked" (its extra buffer types, as llama_cpp.Llama loads) makes
+# one-token forwards faster and multi-token verification slower than "standard"; neither is
+# batch-invariant (a near-tie can flip between a one-token and a batched forward). "auto":
+# repacked for plain decoding, standard when a drafter verifies (docs/usage.md has the figures).
+KERNELS = ("auto", "repacked", "standard")
+
+
+def resolve_kernels(kernels: str, drafting: bool) -> str:
+    if kernels != "auto":
+        return kernels
+    return "standard" if drafting else "repacked"
 
 
 class VocabularyMismatch(ValueError):
@@ -32,7 +43,7 @@ class ModelFields:
     ngram_min: int = 2
     ngram_max: int = 4
     n_batch: int | None = None  # llama.cpp only: tokens per decode call
-    fast_kernels: bool = False  # llama.cpp only: repacked weights, faster plain steps, not batch-invariant
+    kernels: str = "auto"  # llama.cpp only: "repacked" | "standard" | "auto" (resolve_kernels)
 
     def check_models(self) -> None:
         if self.n_batch is not None and self.n_batch < 1:
@@ -41,6 +52,8 @@ class ModelFields:
             raise ValueError(f"n-gram sizes need 1 <= min <= max, got {self.ngram_min}, {self.ngram_max}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.kernels not in KERNELS:
+            raise ValueError(f"unknown kernels {self.kernels!r}; choose one of {', '.join(KERNELS)}")
 
     def model_fields(self) -> dict:
         return {f: getattr(self, f) for f in ModelFields.__dataclass_fields__}
@@ -64,6 +77,7 @@ class EngineSpec(ModelFields):
             self.backend = default_backend(self.target)
         if self.draft_backend is None:
             self.draft_backend = self.backend
+        self.kernels = resolve_kernels(self.kernels, self.drafter != "none")
 
 
 def check_vocabularies(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
@@ -123,5 +137,5 @@ def _backend_kw(backend: str, spec: EngineSpec, draft: bool = False) -> dict:
         return {"pack": "single"} if draft else {}
     if backend != "llama.cpp":
         return {}
-    return {"fast_kernels": spec.fast_kernels, "n_seq_max": spec.max_running,
+    return {"fast_kernels": spec.kernels == "repacked", "n_seq_max": spec.max_running,
             **({"n_batch": spec.n_batch} if spec.n_batch else {})}

@@ -5,10 +5,37 @@ import argparse
 import json
 import sys
 
-DEMO_PROMPT = ("Rename the variable `lst` to `numbers` everywhere and add a docstring.\n\n```python\n"
-               "def mean(lst):\n    total = 0\n    for x in lst:\n        total += x\n"
-               "    return total / len(lst)\n\n\ndef variance(lst):\n    m = mean(lst)\n"
-               "    return sum((x - m) ** 2 for x in lst) / len(lst)\n```")
+# A code edit that keeps most of its input: where speculation pays (docs/results.md)
+DEMO_PROMPT = """Make `load_records` skip lines that start with `#`. Return the whole module.
+
+```python
+import json
+from pathlib import Path
+
+
+def load_records(path):
+    records = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            records.append(json.loads(line))
+    return records
+
+
+def summarise(records):
+    totals = {}
+    for r in records:
+        key = r["category"]
+        totals[key] = totals.get(key, 0) + r["amount"]
+    return totals
+
+
+def write_report(totals, out):
+    lines = [f"{k}: {v:.2f}" for k, v in sorted(totals.items())]
+    Path(out).write_text("\\n".join(lines) + "\\n")
+```"""
 
 
 def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
@@ -29,8 +56,9 @@ def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--max-context", type=int, default=None, help="tokens per sequence")
     p.add_argument("--n-batch", type=int, default=None, help="llama.cpp: tokens per decode call (default 512)")
-    p.add_argument("--fast-kernels", action="store_true", help="llama.cpp: repacked-weight kernels: faster plain "
-                   "steps, slower multi-token verification; neither mode is batch-invariant (docs/usage.md)")
+    p.add_argument("--kernels", choices=("auto", "repacked", "standard"), default=d["kernels"].default,
+                   help="llama.cpp: repacked kernels step one token faster, standard ones verify several faster; "
+                   "auto (default): repacked for plain decoding, standard when drafting (docs/usage.md)")
     p.add_argument("--ngram-min", type=int, default=d["ngram_min"].default)
     p.add_argument("--ngram-max", type=int, default=d["ngram_max"].default)
     assert set(ModelFields.__dataclass_fields__) <= {a.dest for a in p._actions}
@@ -62,15 +90,16 @@ def cmd_generate(a) -> int:
     SamplingParams(a.temperature, a.top_p, a.top_k, a.seed)  # bad settings fail before loading
     if a.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {a.max_tokens}")
-    engine, runner, tok = build_engine(_spec(a, max_running=1))
+    spec = _spec(a, max_running=1)
+    engine, runner, tok = build_engine(spec)
     prompt = a.prompt if a.prompt is not None else DEMO_PROMPT
     ids = tok.encode(prompt) if a.raw else tok.apply_chat([{"role": "user", "content": prompt}])
     kw = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
               seed=a.seed, stop=a.stop)
     runs = {}
-    if a.compare_plain:
-        runs["plain"] = Engine(runner, tok, max_running=1).generate(ids, **kw)
     label = f"{a.drafter} D={a.num_draft_tokens}" if a.drafter != "none" else "plain"
+    if a.compare_plain and a.drafter != "none":
+        runs["plain"] = Engine(runner, tok, max_running=1).generate(ids, **kw)
     if a.json or a.compare_plain:
         runs[label] = engine.generate(ids, **kw)
     else:  # stream the text as it is committed
@@ -80,18 +109,27 @@ def cmd_generate(a) -> int:
             if chunk.result is not None:
                 runs[label] = chunk.result
         sys.stdout.write("\n")
+    fastest = None  # plain decoding on its own fastest kernels, where they differ from the run's
+    if a.compare_plain and a.drafter != "none" and spec.backend == "llama.cpp" and a.kernels == "auto":
+        p_spec = _spec(a, drafter="none", max_running=1)
+        if p_spec.kernels != spec.kernels:
+            fastest = f"plain ({p_spec.kernels})"
+            runs[fastest] = build_engine(p_spec)[0].generate(ids, **kw)
     if a.json:
         print(json.dumps({name: r.to_dict() for name, r in runs.items()}, indent=1))
         return 0
     if a.compare_plain:
-        for name, r in runs.items():
-            print(f"=== {name} ===\n{r.text}\n")
-        same = runs["plain"].token_ids == runs[label].token_ids
-        print(f"outputs identical: {same}" + ("" if a.temperature == 0 else " (sampling: not expected)"))
+        print(f"=== {label} ===\n{runs[label].text}\n")
     print(format_table({name: r.stats for name, r in runs.items()}))
     if "plain" in runs and label != "plain":
-        s, p = runs[label].stats, runs["plain"].stats
-        print(f"speedup (ms per emitted token, plain / {label}): {p.ms_per_emitted_token / s.ms_per_emitted_token:.2f}x")
+        greedy = "" if a.temperature == 0 else " (sampling: not expected)"
+        for base in ("plain", fastest):
+            if base is None:
+                continue
+            s, p = runs[label].stats, runs[base].stats
+            same = runs[base].token_ids == runs[label].token_ids
+            print(f"speedup (ms per emitted token, {base} / {label}): "
+                  f"{p.ms_per_emitted_token / s.ms_per_emitted_token:.2f}x; outputs identical: {same}{greedy}")
     return 0
 
 

@@ -36,7 +36,6 @@ class Engine:
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.num_draft_tokens = check_draft_len(num_draft_tokens)
         self.policy = policy or make_policy(self.num_draft_tokens, target, drafter, planner=planner)
-        self.planner = getattr(self.policy, "planner", None)
         self.scheduler = self.scheduler_class(target, tokenizer, drafter, self.policy, max_running=max_running,
                                               max_queue=1 << 30, sampler=sampler, reuse_prefix=reuse_prefix)
 

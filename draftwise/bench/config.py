@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from draftwise.build import EngineSpec, ModelFields
+from draftwise.build import EngineSpec, ModelFields, resolve_kernels
 from draftwise.prompts import Prompt, load_workload, sample, spec_bench
 from draftwise.sampling import SamplingParams
 
@@ -109,8 +109,9 @@ class BenchConfig(ModelFields):
 
     def engine_spec(self, drafter: str = "none", num_draft_tokens: int | str = 0) -> EngineSpec:
         """The spec an in-process configuration loads with; it holds every concurrency level's requests."""
-        return EngineSpec(**self.model_fields(), drafter=drafter, num_draft_tokens=num_draft_tokens,
-                          max_running=max(self.concurrency))
+        drafting = any(c.drafter != "none" for c in self.run_configs())  # one target serves every configuration
+        return EngineSpec(**{**self.model_fields(), "kernels": resolve_kernels(self.kernels, drafting)},
+                          drafter=drafter, num_draft_tokens=num_draft_tokens, max_running=max(self.concurrency))
 
     def run_configs(self) -> list[RunConfig]:
         if self.endpoints:

@@ -44,7 +44,7 @@ def format_table(s: Summary, scope: str = "all") -> str:
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
     lines.insert(1, "-" * len(lines[0]))
     if any(r.sequential for r in s.rows if r.scope == scope):
-        lines.append("* sequential: the in-process engine is not batched yet; these requests ran one after another")
+        lines.append("* sequential: these requests ran one after another (rows recorded by an older, unbatched harness)")
     return "\n".join(lines)
 
 

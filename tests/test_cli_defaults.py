@@ -1,0 +1,42 @@
+"""`draftwise generate` as a user runs it: each drafter on the CLI's defaults (the packaged
+Qwen2.5-Coder pair, D = auto, the demo prompt), next to plain decoding."""
+import re
+
+import pytest
+
+from draftwise import cli
+from draftwise.build import EngineSpec
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram", "model"])
+def test_generate_each_drafter_on_defaults(drafter, capsys):
+    assert cli.main(["generate", "--drafter", drafter, "--max-tokens", "12", "--compare-plain"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"emitted_tokens\s+12", out)
+    if drafter == "none":
+        assert "speedup" not in out  # nothing to compare with
+        return
+    label = f"{drafter} D=auto"
+    assert label in out
+    lines = [line for line in out.splitlines() if line.startswith("speedup")]
+    assert lines and all("outputs identical: True" in line for line in lines)  # greedy: plain's tokens
+    assert re.search(rf"speedup \(ms per emitted token, plain / {label}\): \d+\.\d+x", out)
+
+
+def test_generate_streams_plain_text_by_default(capsys):
+    assert cli.main(["generate", "--drafter", "none", "--prompt", "hi", "--max-tokens", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "emitted_tokens" in out and out.strip()
+
+
+def test_one_set_of_model_defaults():
+    parser = cli.build_parser()
+    spec = EngineSpec()
+    for cmd in (["generate"], ["verify"], ["plan"], ["serve"]):
+        a = parser.parse_args(cmd)
+        assert (a.target, a.drafter, a.num_draft_tokens, a.draft_model, a.kernels) == \
+            (spec.target, spec.drafter, spec.num_draft_tokens, spec.draft_model, "auto")
+    a = parser.parse_args(["bench"])
+    assert (a.target, a.draft_model, a.kernels) == (spec.target, spec.draft_model, "auto")
