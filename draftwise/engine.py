@@ -59,7 +59,7 @@ class Engine:
         events: list = []
         req = self.request(prompt, events.append, max_tokens, temperature, top_p, top_k, seed, stop,
                            num_draft_tokens, logprobs)
-        self.scheduler.submit(req)
+        self.scheduler.validate(req)  # bad input fails here, before the first chunk is asked for
         return self._events(req, events)
 
     def request(self, prompt: str | list[int], deliver, max_tokens: int = 128, temperature: float = 0.0,
@@ -74,6 +74,7 @@ class Engine:
 
     def _events(self, req: Request, events: list) -> Iterator[Chunk]:
         done = False
+        self.scheduler.submit(req)
         try:
             while not done:  # a step's two halves, each chunk yielded as soon as it is committed
                 for half in (self.scheduler.admit, self.scheduler.decode):

@@ -95,8 +95,7 @@ class CostCurve:
 
     def observe(self, k: int, b: int, seconds: float) -> None:
         """One measured forward: moves the whole curve, and the point (k, b) on its own (the
-        profile's shape can be off in a running engine: on torch, with a draft model interleaved,
-        k = 4..11 ran ~1.4x its profile while k = 2 ran ~1.1x)."""
+        profile's shape can be off in a running engine, not only its scale)."""
         ratio = seconds / self.raw(k, b)
         self.scale += EMA * (min(max(ratio, self.scale / 2), 2 * self.scale) - self.scale)
         key = (k, b)
@@ -182,9 +181,8 @@ class Calibration:
     (10 equal bins, discounted by 0.99 per round), each bin's estimate pulled towards c x scale
     (the draft's overall accepted-per-unit-of-c ratio) by 2 pseudo-counts, so a bin with few
     observations follows the overall ratio; made non-decreasing in c. With nothing measured,
-    g(c) = c x scale. One ratio alone was not enough: on code the 0.5B's tokens at c ~ 0.3 were
-    accepted far more often than 0.3 x scale, and the early-stop bars cut short drafts that fixed
-    D = 8 got fully accepted."""
+    g(c) = c x scale. Bins, not one ratio: a draft's acceptance need not be proportional to its
+    own probability."""
 
     BINS, PSEUDO, DECAY = 10, 2.0, 0.99
 
@@ -288,9 +286,8 @@ class Planner:
         self.max_draft, self.margin, self.online, self.probe_max = max_draft, margin, online, probe_max
         self.risk = risk  # extra margin per plain step a rejected round wastes (_best)
         self.look_first = look_first  # at most this many plain steps before paying the prompt's catch-up (_look)
-        # the margin a caught-up draft model must keep beating plain by (None: `margin`). Lower
-        # is hysteresis; in replays it cut catch-ups but lost 3% on llama.cpp HumanEval
-        # (docs/results.md), so it is off by default
+        # the margin a caught-up draft model must keep beating plain by (None: `margin`); lower
+        # is hysteresis against paying a catch-up at each resume (off by default: docs/planner.md)
         self.keep_margin = keep_margin
         self.whole_forget, self.whole_strength, self.whole_z = whole_forget, whole_strength, whole_z  # RequestPlan.whole
         p = np.broadcast_to(np.asarray(prior, dtype=np.float64), (max_draft,)).copy()
@@ -357,8 +354,8 @@ class Planner:
         if catch_up > 0 and not self._catch_up_pays(req, catch_up, r_plain, self._whole_rate(req, t, r_plain, best_r)):
             return Plan(0, r_plain, r_plain)
         if self.probe_max > 0 and best_d < d_max:  # one position deeper if optimism about it says it
-            deeper = t[best_d]  # pays its verify cost (on torch k = 4 costs ~1.8x
-            reach = float(np.prod(alpha[:best_d]))  # k = 3: "always one deeper" lost ~5% on prose)
+            deeper = t[best_d]  # pays its verify cost (not always: a verified position can be dear)
+            reach = float(np.prod(alpha[:best_d]))
             if (expected_tokens(alpha, best_d) + reach * up[best_d]) / deeper > best_r:
                 best_d += 1
                 best_r = expected_tokens(alpha, best_d) / deeper
@@ -373,7 +370,7 @@ class Planner:
           gain pays for one more verified position;
         - draft on iff reach_{j-1} g(c_j) tail_j >= rate (draft forwards j+1..d + T_verify(d+1) -
           T_verify(j+1)), tail_j = sum_{i=j+1..d} prod_{l=j+1..i} alpha_l: the rest of the plan as a
-          whole (the curve is not convex: past k = 9 a verified token is nearly free on llama.cpp)."""
+          whole (the curve need not be convex: past some k a verified token can be nearly free)."""
         g = self.calib.threshold  # a bar on g(c) -> the same bar on c
         reach = np.concatenate([[1.0], np.cumprod(alpha[:d])])  # [d+1] reach[j] = P(tokens 1..j accepted)
         v = [self.verify(k, n_seqs) for k in range(1, d + 2)]  # v[k-1] = T_verify(k)
@@ -392,9 +389,8 @@ class Planner:
     def _whole_rate(self, req: RequestPlan, t: np.ndarray, r_plain: float, r_round: float) -> float:
         """The rate a catch-up is judged by: the lower of this round's and the one the request's
         long-memory estimate (`whole`) predicts. A catch-up is paid once for the rest of the
-        request, and the short memory of `acceptance` follows a run of a few confident tokens:
-        on llama.cpp prose a 0.5B draft paid the prompt's catch-up after such runs and then
-        met the request's usual acceptance (~0.7)."""
+        request, and the short memory of `acceptance` follows a run of a few confident tokens
+        that the rest of the request need not repeat."""
         if req.whole is None:
             return r_round
         return min(r_round, self._best(req.whole.lower(self.whole_z), t, r_plain, 0.0, 0.0)[1])
@@ -432,11 +428,8 @@ class Planner:
         """Would the saving speculation promises over the rest of this request win back the
         prompt's catch-up? The rate is the lower of two optimistic bounds, this request's (wide:
         it has seen nothing) and the recent requests' (tight once they are many), and the saving
-        is weighed by the chance that a first probe pays off at all (probes_pay). With the
-        request's own bound weighed by the chance, and the recent requests' bound checked apart,
-        the chance was the only brake, and its bound never falls below ~0.16 (10 requests' worth
-        of evidence at 0.9 decay): on llama.cpp prose a 0.5B draft paid a first probe's
-        catch-up (0.3-0.9 s) in 12 of the first 16 requests of a cold start (roleplay, humanities)."""
+        is weighed by the chance that a first probe pays off at all (probes_pay), whose bound
+        alone never falls below ~0.16 (10 requests' worth of evidence at 0.9 decay)."""
         d_w, r_w = self._best(self.workload.upper(), t, r_plain)
         return d_w > 0 and self._catch_up_pays(req, catch_up, r_plain, min(r_up, r_w), self.probes_pay())
 
@@ -455,9 +448,8 @@ class Planner:
         first probe paid off: their speculative rounds from the probe on, catch-up included, took
         less time than plain steps would have for the tokens they emitted (measured, each round's
         time against the current plain-step estimate). Where first probes keep finding a draft
-        that does not pay (a 0.5B draft on prose on llama.cpp: each paid the prompt's catch-up and
-        then broke even at best), new requests stop paying for them; requests that do not probe
-        widen the bound again."""
+        that does not pay, new requests stop paying for them; requests that do not probe widen
+        the bound again."""
         m = (self._paid[0] + 1) / (self._paid[1] + 2)
         return min(m + float(np.sqrt(m * (1 - m) / (self._paid[1] + 3))), 1.0)
 
@@ -483,9 +475,8 @@ class Planner:
         the step's verification reached (draftwise.sampling.target_top). A round teaches how often
         the draft agrees with the target at that confidence (target_calib); a plain step turns it
         into a shadow of every position (Acceptance.observe_shadow): the request's own evidence
-        before its draft model has run at all (a 0.5B draft paid the prompt's catch-up on every
-        prose request after code on llama.cpp, since nothing in the recent requests' acceptance
-        told a writing prompt from a code prompt)."""
+        before its draft model has run at all (the recent requests' acceptance cannot tell a
+        prose request from the code requests before it)."""
         if confidence:
             self.calib.observe(confidence, accepted, min(accepted + 1, proposed, len(confidence)))
         shadow_top = None

@@ -142,9 +142,13 @@ class Scheduler:
         d = self.max_draft if num_draft_tokens is None else num_draft_tokens
         check_request(self.target, self.drafter, prompt_ids, max_tokens, d)
 
-    def submit(self, req: Request) -> None:
+    def validate(self, req: Request) -> None:
+        """ValueError naming what makes the request impossible to run."""
         self.check(req.prompt_ids, req.max_tokens, req.num_draft_tokens)
         OutputTracker(self.tokenizer, req.max_tokens, req.stop)  # bad stop strings fail here
+
+    def submit(self, req: Request) -> None:
+        self.validate(req)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the scheduler is closed")

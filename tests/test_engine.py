@@ -128,3 +128,17 @@ def test_release_frees_the_kept_prompt():
     assert len(runner.seqs) == 1
     eng.release()
     assert runner.seqs == {}
+
+
+def test_a_stream_runs_only_while_it_is_read():
+    runner = CycleRunner()
+    eng = Engine(runner, CharTokenizer(), NgramDrafter(1, 3), 4)
+    unread = eng.stream(PROMPT, max_tokens=8)  # validated now, run only when read
+    assert runner.forwards == []
+    it = eng.stream(PROMPT, max_tokens=30)
+    next(it)
+    assert runner.seqs and all(len(f) == 1 for f in runner.forwards)  # the unread request never ran
+    it.close()  # a consumer that stops early: its KV state is freed at once
+    assert runner.seqs == {}
+    assert eng.generate(PROMPT, max_tokens=8).token_ids == next(
+        c for c in unread if c.result is not None).result.token_ids

@@ -36,10 +36,8 @@ class Work:
 
 def plan(n_prompts: int, configs: list[str], repeats: int, concurrency: tuple[int, ...]) -> list[Work]:
     """Every configuration runs a group before the next group starts, starting one configuration
-    later each group: A B C, B C A, C A B, ... A fixed order put a drift within each group (the
-    machine slowing over a group's minute) on the same configuration every time: on llama.cpp a
-    draft-model auto that ran fourth of four and never drafted measured 0.976x its plain request
-    over 38 prompts, 0.984x over 35 with the order rotated (docs/results.md)."""
+    later each group: A B C, B C A, C A B, ... A fixed order would put a drift within each group
+    (the machine slowing over a group's minute) on the same configuration every time."""
     out = []
     for r in range(repeats):
         for c in concurrency:

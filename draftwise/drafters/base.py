@@ -35,9 +35,8 @@ class StopRule:
     (1-based): c_j < go_on[j-1] stops drafting at token j (no forward for token j+1); the token a
     draft stops at (early, or the d-th) is then dropped if c_j < keep[j-1] (verifying it would cost
     more than it is expected to give), else kept. The go-on bar comes first: on a verify curve that
-    is not convex (torch on the AMD EPYC: 2 tokens cost 2.3 plain steps, 16 tokens 2.5) the first
-    token alone never pays its verification, but as the start of a long draft it does — checked
-    first, the keep bar dropped every draft model's first token there, every step.
+    is not convex the first token alone may never pay its verification while the start of a long
+    draft does.
     The planner derives both from its cost model (Planner.plan)."""
     keep: list[float]  # [d]
     go_on: list[float]  # [d - 1]
