@@ -55,7 +55,8 @@ class Engine:
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
                stop: list[str] | None = None, num_draft_tokens: int | None = None,
                logprobs: int | None = None) -> Iterator[Chunk]:
-        """One request's chunks as they are committed. `num_draft_tokens` fixes D for this request."""
+        """One request's chunks as they are committed. An integer `num_draft_tokens` fixes D for this
+        request; None (or "auto") keeps the engine's."""
         events: list = []
         req = self.request(prompt, events.append, max_tokens, temperature, top_p, top_k, seed, stop,
                            num_draft_tokens, logprobs)
@@ -68,8 +69,8 @@ class Engine:
         """A Request for this engine's loop (not yet submitted)."""
         params = SamplingParams(temperature, top_p, top_k, seed)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if num_draft_tokens is not None:
-            check_draft_len(num_draft_tokens)
+        if num_draft_tokens == "auto":
+            num_draft_tokens = None  # the engine's own policy
         return Request(ids, max_tokens, params, deliver, list(stop or []), num_draft_tokens, logprobs)
 
     def _events(self, req: Request, events: list) -> Iterator[Chunk]:

@@ -34,7 +34,8 @@ from draftwise.backends.base import ModelRunner
 from draftwise.drafters.base import Drafter, Proposal
 from draftwise.output import OutputTracker
 from draftwise.policy import DraftPolicy, FixedDraftLength, RoundOutcome, StepTimes
-from draftwise.request import Chunk, GenerationResult, PlanStep, Round, TokenLogprobs, check_request
+from draftwise.request import (Chunk, GenerationResult, PlanStep, Round, TokenLogprobs, check_draft_len,
+                               check_request)
 from draftwise.sampling import SamplingParams, sample, warp
 from draftwise.stats import SpecStats
 from draftwise.verify import VerifyResult, greedy_verify, rejection_sample
@@ -137,8 +138,8 @@ class Scheduler:
 
     def check(self, prompt_ids: list[int], max_tokens: int, num_draft_tokens: int | None = None) -> None:
         """ValueError for a request that cannot run."""
-        if num_draft_tokens is not None and (isinstance(num_draft_tokens, bool) or num_draft_tokens < 0):
-            raise ValueError(f"num_draft_tokens must be >= 0, got {num_draft_tokens}")
+        if num_draft_tokens is not None and check_draft_len(num_draft_tokens) == "auto":
+            raise ValueError("a request's own num_draft_tokens is an integer >= 0 (auto is the policy's)")
         d = self.max_draft if num_draft_tokens is None else num_draft_tokens
         check_request(self.target, self.drafter, prompt_ids, max_tokens, d)
 
