@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
+from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
 from draftwise.models.load import default_backend, load_runner
 from draftwise.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -13,7 +14,7 @@ from draftwise.policy import make_policy
 from draftwise.request import check_draft_len
 from draftwise.scheduler import Scheduler
 
-DRAFTERS = ("none", "model", "ngram")
+DRAFTERS = ("none", "model", "ngram", "suffix")
 # llama.cpp's CPU kernels. "repacked" (its extra buffer types, as llama_cpp.Llama loads) makes
 # one-token forwards faster and multi-token verification slower than "standard"; neither is
 # batch-invariant (a near-tie can flip between a one-token and a batched forward). "auto":
@@ -62,7 +63,7 @@ class ModelFields:
 @dataclass(slots=True, kw_only=True)
 class EngineSpec(ModelFields):
     """The models, the drafter and D: every command builds from one of these."""
-    drafter: str = "ngram"  # none | model | ngram
+    drafter: str = "ngram"  # none | model | ngram | suffix
     num_draft_tokens: int | str = "auto"  # a fixed D, or "auto": the planner picks D per round
     max_running: int = 4  # sequences held at once (llama.cpp streams): requests batched together
 
@@ -100,6 +101,8 @@ def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_run
     kind = kind or spec.drafter
     if kind == "ngram":
         return NgramDrafter(spec.ngram_min, spec.ngram_max)
+    if kind == "suffix":
+        return SuffixDrafter()
     if kind != "model":
         return None
     if draft_runner is None:

@@ -40,12 +40,14 @@ def write_report(totals, out):
 
 def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
     """The model flags, defined once for every command (defaults: draftwise.build.EngineSpec)."""
-    from draftwise.build import EngineSpec, ModelFields
+    from draftwise.build import DRAFTERS, EngineSpec, ModelFields
 
     d = EngineSpec.__dataclass_fields__
     p.add_argument("--target", default=d["target"].default, help="packaged name, .gguf file or HF directory")
     if drafting:
-        p.add_argument("--drafter", choices=("none", "model", "ngram"), default=d["drafter"].default)
+        p.add_argument("--drafter", choices=DRAFTERS, default=d["drafter"].default,
+                       help="ngram: prompt lookup; suffix: suffix tries over the request and recent outputs; "
+                       "model: the draft model; none: plain decoding")
         p.add_argument("--num-draft-tokens", type=_draft_len, default=d["num_draft_tokens"].default,
                        help="D per round: an integer, or auto (default): chosen every round from the measured "
                             "forward-cost curves and the request's acceptance, 0 (plain) included")

@@ -546,7 +546,7 @@ class Planner:
 # Policy defaults (docs/planner.md says how each was chosen).
 # Acceptance before a request has been seen, per draft position: n-gram proposals are often wrong
 # at their first token and right after it; a same-family draft model is right more often than not.
-PRIORS = {"ngram": [0.4] + [0.75] * 15, "model": [0.65] * 16}
+PRIORS = {"ngram": [0.4] + [0.75] * 15, "suffix": [0.4] + [0.75] * 15, "model": [0.65] * 16}
 # A round must beat a plain step's rate by MARGIN; a draft model's by MARGIN_PER_DRAFT_STEP x its
 # step's cost relative to a target step, as a rejected round also wastes its draft forwards.
 MARGIN = 0.03

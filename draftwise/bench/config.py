@@ -13,7 +13,7 @@ from draftwise.sampling import SamplingParams
 
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 SPEC_BENCH = MT_BENCH + ("translation", "summarization", "qa", "math_reasoning", "rag")
-_DRAFTERS = ("ngram", "model")
+_DRAFTERS = ("ngram", "model", "suffix")
 _PLAN = ("configs", "workload", "n_per_category", "seed", "repeats", "warmup", "concurrency", "margins",
          "out_dir", "metrics")
 

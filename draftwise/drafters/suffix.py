@@ -1,0 +1,164 @@
+"""Suffix drafting: continuations of the context's suffix, counted in a suffix trie over the
+request's own tokens and in a global one over recent requests' outputs (SuffixDecoding).
+
+Each trie holds every substring of up to `depth` tokens of the sequences inserted, with how
+often it occurred. To propose, the context's last m tokens (m = max_match down to min_match) are
+looked up; from the node reached, the draft follows the most frequent child at each step, each
+token scored by its frequency among its siblings times its parent's score (an estimate of the
+chance the whole prefix so far is right), and stops where the score falls below `min_score`.
+
+Example: the request so far is [5 6 7 9 5 6 7 9 5 6]; the suffix [5 6] occurred twice before,
+followed by 7 both times, then 9 both times: proposing 3 tokens gives [7 9 5], scores [1, 1, 1].
+
+The global trie keeps the outputs of the last requests up to `max_nodes` trie nodes (~270 bytes
+each in CPython: 200,000 nodes ~ 54 MB), evicting the oldest request's tokens first. A request in
+`private` neither reads nor feeds it.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+from draftwise.drafters.base import Proposal, StopRule
+from draftwise.sampling import SamplingParams
+
+
+class _Node:
+    __slots__ = ("count", "children")
+
+    def __init__(self):
+        self.count = 0
+        self.children: dict[int, _Node] = {}
+
+
+class SuffixTrie:
+    """Counts of every substring of up to `depth` tokens of the sequences added. Adding a token
+    extends the (at most depth - 1) suffixes that end before it: O(depth) per token."""
+
+    def __init__(self, depth: int):
+        self.depth, self.root, self.nodes = depth, _Node(), 1
+
+    def extend(self, active: list[_Node], t: int, sign: int = 1) -> list[_Node]:
+        """Count token t after the suffixes `active` (their nodes, shortest first); returns the
+        nodes of the suffixes that now end at t and can still grow. sign -1 uncounts, dropping
+        nodes whose count reaches 0."""
+        out = []
+        for node in [self.root] + active:
+            child = node.children.get(t)
+            if child is None:
+                if sign < 0:
+                    continue
+                child = node.children[t] = _Node()
+                self.nodes += 1
+            child.count += sign
+            if child.count <= 0:
+                del node.children[t]
+                self.nodes -= 1
+            out.append(child)
+        return out[: self.depth - 1]
+
+    def add(self, seq: list[int], sign: int = 1) -> None:
+        active: list[_Node] = []
+        for t in seq:
+            active = self.extend(active, t, sign)
+
+    def find(self, pattern: list[int]) -> _Node | None:
+        node = self.root
+        for t in pattern:
+            node = node.children.get(t)
+            if node is None:
+                return None
+        return node
+
+
+def walk(node: _Node, n: int, min_score: float) -> tuple[list[int], list[float]]:
+    """The most frequent path below `node`, up to n tokens, while its score stays >= min_score.
+    A token's score is its count over its siblings' (the occurrences that continued at all) times
+    its parent's score."""
+    tokens, scores, score = [], [], 1.0
+    while len(tokens) < n and node.children:
+        total = sum(c.count for c in node.children.values())
+        t, child = max(node.children.items(), key=lambda kv: kv[1].count)
+        score *= child.count / total
+        if score < min_score:
+            break
+        tokens.append(t)
+        scores.append(score)
+        node = child
+    return tokens, scores
+
+
+@dataclass(slots=True)
+class _Request:
+    trie: SuffixTrie
+    prompt_len: int
+    seen: list[int] = field(default_factory=list)  # context tokens inserted so far
+    active: list[_Node] = field(default_factory=list)  # the suffixes ending at its last token
+
+
+class SuffixDrafter:
+    name = "suffix"
+    max_context = None
+    cheap = True
+    runner = None
+
+    def __init__(self, depth: int = 24, max_match: int = 12, min_match: int = 2, min_score: float = 0.1,
+                 max_nodes: int = 200_000, share: bool = True):
+        if not 1 <= min_match <= max_match <= depth:
+            raise ValueError(f"suffix drafter needs 1 <= min_match <= max_match <= depth, got "
+                             f"{min_match}, {max_match}, {depth}")
+        if not 0.0 <= min_score <= 1.0 or max_nodes < 1:
+            raise ValueError(f"need 0 <= min_score <= 1 and max_nodes >= 1, got {min_score}, {max_nodes}")
+        self.depth, self.max_match, self.min_match, self.min_score = depth, max_match, min_match, min_score
+        self.max_nodes, self.share = max_nodes, share
+        self.global_trie = SuffixTrie(depth)
+        self._outputs: OrderedDict[int, list[int]] = OrderedDict()  # what the global trie holds, oldest first
+        self._reqs: dict[int, _Request] = {}
+        self.private: set[int] = set()  # request keys that neither read nor feed the global trie
+
+    def propose(self, seq_key: int, context: list[int], num_tokens: int, params: SamplingParams,
+                generator: torch.Generator | None, stop: StopRule | None = None) -> Proposal:
+        r = self._reqs.get(seq_key)
+        if r is None or context[: len(r.seen)] != r.seen:  # new, or another sequence under this key
+            r = self._reqs[seq_key] = _Request(SuffixTrie(self.depth), len(context) - 1)
+        for t in context[len(r.seen):]:
+            r.active = r.trie.extend(r.active, t)
+        r.seen = list(context)
+        if num_tokens <= 0:
+            return Proposal([])
+        tries = [r.trie] + ([self.global_trie] if self.share and seq_key not in self.private else [])
+        best: tuple[list[int], list[float]] = ([], [])
+        for trie in tries:  # the longest suffix with a continuation in each trie; the higher score wins
+            for m in range(min(self.max_match, len(context)), self.min_match - 1, -1):
+                node = trie.find(context[-m:])
+                toks, scores = walk(node, num_tokens, self.min_score) if node is not None else ([], [])
+                if toks:
+                    if sum(scores) > sum(best[1]):
+                        best = (toks, scores)
+                    break
+        return Proposal(best[0], confidence=best[1] or None)
+
+    def pending(self, seq_key: int, context: list[int]) -> int:
+        return 0
+
+    def release(self, seq_key: int) -> None:
+        """A request ended: its output joins the global trie (unless private), oldest evicted past the cap."""
+        r = self._reqs.pop(seq_key, None)
+        private = seq_key in self.private
+        self.private.discard(seq_key)
+        if r is None or private or not self.share:
+            return
+        out = r.seen[r.prompt_len:]
+        if len(out) < 2:
+            return
+        self.global_trie.add(out)
+        self._outputs[seq_key] = out
+        while self.global_trie.nodes > self.max_nodes and self._outputs:
+            _, old = self._outputs.popitem(last=False)
+            self.global_trie.add(old, sign=-1)
+
+    def memory_nodes(self) -> int:
+        """Nodes in the global trie (its size against `max_nodes`)."""
+        return self.global_trie.nodes

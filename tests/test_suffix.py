@@ -1,0 +1,88 @@
+"""The suffix drafter: exact proposals from hand-built sequences, the global trie across requests,
+privacy, the memory cap, and lossless decoding through the engine."""
+import pytest
+
+from draftwise.drafters.suffix import SuffixDrafter, SuffixTrie
+from draftwise.engine import Engine
+from draftwise.sampling import SamplingParams
+from fakes import CharTokenizer, CycleRunner
+
+G = SamplingParams()
+
+
+def propose(d, key, ctx, n=8):
+    p = d.propose(key, ctx, n, G, None)
+    return p.tokens, p.confidence
+
+
+def run(d, key, prompt, out):
+    """A request as the loop drives it: proposals after its first token, then after the rest."""
+    propose(d, key, prompt + out[:1])
+    propose(d, key, prompt + out)
+
+
+def test_worked_example_of_the_docstring():
+    assert propose(SuffixDrafter(depth=8, max_match=4), 1, [5, 6, 7, 9, 5, 6, 7, 9, 5, 6], 3) == ([7, 9, 5], [1.0, 1.0, 1.0])
+
+
+def test_most_frequent_continuation_and_its_score():
+    d = SuffixDrafter(depth=6, max_match=3, min_score=0.5)
+    # after [1 2]: 3 twice, 4 once; after [1 2 3]: 9 both times
+    toks, conf = propose(d, 1, [1, 2, 3, 9, 1, 2, 4, 1, 2, 3, 9, 8, 1, 2])
+    assert toks == [3, 9] and conf == pytest.approx([2 / 3, 2 / 3])
+    d.min_score = 0.7  # the first token's score already falls below the bar: nothing to propose
+    assert propose(d, 1, [1, 2, 3, 9, 1, 2, 4, 1, 2, 3, 9, 8, 1, 2]) == ([], None)
+
+
+def test_longest_match_wins_and_a_new_context_finds_nothing():
+    d = SuffixDrafter(depth=8, max_match=4, min_match=2)
+    # [7 1 2] continued with 5; [1 2] alone more often with 6: the longest match decides
+    assert propose(d, 1, [7, 1, 2, 5, 0, 1, 2, 6, 0, 1, 2, 6, 0, 7, 1, 2], 1)[0] == [5]
+    assert propose(d, 2, [10, 11, 12, 13], 4) == ([], None)
+
+
+def test_outputs_of_finished_requests_feed_later_requests_unless_private():
+    d = SuffixDrafter(depth=8, max_match=4)
+    prompt, out = [1, 2, 3], [20, 21, 22, 23, 24, 25]
+    run(d, 1, prompt, out)
+    d.release(1)
+    assert propose(d, 2, [9, 9, 20, 21], 3)[0] == [22, 23, 24]  # another prompt, the same output text
+    d.private.add(3)
+    assert propose(d, 3, [9, 9, 20, 21], 3) == ([], None)  # a private request does not read it
+    propose(d, 3, [9, 9, 20, 21, 30, 31, 32])  # its output: [21 30 31 32]
+    d.release(3)
+    assert propose(d, 4, [0, 30, 31], 1) == ([], None)  # nor feed it
+    assert SuffixDrafter(share=False).propose(5, [9, 20, 21], 3, G, None).tokens == []
+
+
+def test_the_global_trie_stays_under_its_cap_evicting_the_oldest():
+    d = SuffixDrafter(depth=4, max_match=3, max_nodes=60)
+    for k in range(20):
+        out = [100 + 10 * k + i for i in range(8)]  # no two outputs share a token
+        run(d, k, [1], out)
+        d.release(k)
+        assert d.memory_nodes() <= 60
+    assert propose(d, 99, [0, 290, 291], 2)[0] == [292, 293]  # the newest is kept
+    assert propose(d, 98, [0, 100, 101], 2) == ([], None)  # the oldest is gone
+
+
+def test_adding_and_removing_a_sequence_leaves_an_empty_trie():
+    t = SuffixTrie(5)
+    t.add([1, 2, 1, 2, 3, 1, 2])
+    t.add([2, 1, 2, 3])
+    t.add([1, 2, 1, 2, 3, 1, 2], sign=-1)
+    t.add([2, 1, 2, 3], sign=-1)
+    assert t.nodes == 1 and t.root.children == {}
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.9, seed=3)])
+def test_decoding_with_the_suffix_drafter_is_plain_decoding(params):
+    runner = CycleRunner(period=7)
+    kw = dict(max_tokens=40, temperature=params.temperature, seed=params.seed)
+    prompt = [0, 1, 2, 3, 4, 5, 6, 0, 1]
+    plain = Engine(runner, CharTokenizer()).generate(prompt, **kw)
+    spec = Engine(runner, CharTokenizer(), SuffixDrafter(), 6).generate(prompt, **kw)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.proposed_tokens > 0 and runner.seqs == {}
+    if params.greedy:
+        assert spec.stats.acceptance_rate == 1.0  # the cycle repeats: every suffix proposal is right
