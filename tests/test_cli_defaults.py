@@ -40,3 +40,13 @@ def test_one_set_of_model_defaults():
             (spec.target, spec.drafter, spec.num_draft_tokens, spec.draft_model, "auto")
     a = parser.parse_args(["bench"])
     assert (a.target, a.draft_model, a.kernels) == (spec.target, spec.draft_model, "auto")
+
+
+def test_verify_and_plan_run_through_the_cli(tmp_path, capsys):
+    small = ["--target", "smollm2-135m", "--drafter", "ngram", "--max-tokens", "16"]
+    assert cli.main(["verify", *small, "--temperature", "0", "--prompts", "1", "--num-draft-tokens", "4"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    assert cli.main(["plan", *small, "--n", "1", "--pilot-tokens", "8", "--workload", "editeval",
+                     "--out", str(tmp_path / "plan"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted speedup" in out and "ngram:auto" in out

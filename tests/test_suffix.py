@@ -86,3 +86,12 @@ def test_decoding_with_the_suffix_drafter_is_plain_decoding(params):
     assert spec.stats.proposed_tokens > 0 and runner.seqs == {}
     if params.greedy:
         assert spec.stats.acceptance_rate == 1.0  # the cycle repeats: every suffix proposal is right
+
+
+def test_the_longer_match_wins_across_tries():
+    d = SuffixDrafter(depth=8, max_match=6)
+    run(d, 1, [0], [9, 1, 2, 3, 4, 5, 6])
+    d.release(1)  # the global trie: [1 2 3 4] -> 5
+    # the request's own tokens: [3 4] -> 8 (a shorter match); the global trie's longer one wins
+    assert propose(d, 2, [3, 4, 8, 7, 1, 2, 3, 4], 2)[0] == [5, 6]
+    assert propose(d, 3, [3, 4, 8, 7, 0, 3, 4], 1)[0] == [8]  # only the request's own matches

@@ -3,7 +3,8 @@ request's own tokens and in a global one over recent requests' outputs (SuffixDe
 
 Each trie holds every substring of up to `depth` tokens of the sequences inserted, with how
 often it occurred. To propose, the context's last m tokens (m = max_match down to min_match) are
-looked up; from the node reached, the draft follows the most frequent child at each step, each
+looked up in both tries, the longest match with a continuation winning (then the higher score);
+from the node reached, the draft follows the most frequent child at each step, each
 token scored by its frequency among its siblings times its parent's score (an estimate of the
 chance the whole prefix so far is right), and stops where the score falls below `min_score`.
 
@@ -129,16 +130,15 @@ class SuffixDrafter:
         if num_tokens <= 0:
             return Proposal([])
         tries = [r.trie] + ([self.global_trie] if self.share and seq_key not in self.private else [])
-        best: tuple[list[int], list[float]] = ([], [])
-        for trie in tries:  # the longest suffix with a continuation in each trie; the higher score wins
-            for m in range(min(self.max_match, len(context)), self.min_match - 1, -1):
+        best: tuple[int, float, list[int], list[float]] = (0, 0.0, [], [])
+        for trie in tries:  # the longest suffix with a continuation wins; then the higher score
+            for m in range(min(self.max_match, len(context)), max(self.min_match, best[0]) - 1, -1):
                 node = trie.find(context[-m:])
                 toks, scores = walk(node, num_tokens, self.min_score) if node is not None else ([], [])
                 if toks:
-                    if sum(scores) > sum(best[1]):
-                        best = (toks, scores)
+                    best = max(best, (m, sum(scores), toks, scores))
                     break
-        return Proposal(best[0], confidence=best[1] or None)
+        return Proposal(best[2], confidence=best[3] or None)
 
     def pending(self, seq_key: int, context: list[int]) -> int:
         return 0
