@@ -123,16 +123,15 @@ def build_engine(spec: EngineSpec, target=None, **engine_kw):
 
 
 def build_scheduler(spec: EngineSpec, observer=None, max_queue: int = 64, spec_off_above: int | None = None,
-                    pad_ragged: bool = False, tokenizer_wrap=None):
+                    **scheduler_kw):
     """A Scheduler for the spec (the server's loop), its `auto` planner priced at the batch sizes
-    it can run. Returns (scheduler, tokenizer)."""
+    it can run; scheduler_kw go to Scheduler. Returns (scheduler, tokenizer)."""
     runner, tok = load_target(spec)
     drafter = load_drafter(spec, tok)
-    tok = tokenizer_wrap(tok) if tokenizer_wrap else tok
     sizes = tuple(b for b in (1, 2, 4, 8, 16, 32) if b < spec.max_running) + (spec.max_running,)
     policy = make_policy(spec.num_draft_tokens, runner, drafter, batch_sizes=sizes, off_above=spec_off_above)
     return Scheduler(runner, tok, drafter, policy, spec.max_running, max_queue, observer=observer,
-                     pad_ragged=pad_ragged), tok
+                     **scheduler_kw), tok
 
 
 def _backend_kw(backend: str, spec: EngineSpec, draft: bool = False) -> dict:

@@ -349,11 +349,23 @@ def _plan_endpoint(a, out) -> int:
 
 def cmd_serve(a) -> int:
     from draftwise.server import ServeConfig, serve
+    from draftwise.server.auth import ENV, is_loopback, load_keys
 
-    cfg = ServeConfig(_spec(a), a.max_queue, a.spec_off_above, a.model_name, a.pad_ragged)
-    print(f"draftwise serve: {cfg.model_name} on http://{a.host}:{a.port}/v1", file=sys.stderr)
-    serve(cfg, a.host, a.port, a.log_level)
-    return 0
+    keys = load_keys(a.api_key, a.api_key_file)
+    cfg = ServeConfig(spec=_spec(a), max_queue=a.max_queue, spec_off_above=a.spec_off_above,
+                      model_name=a.model_name, pad_ragged=a.pad_ragged, max_body_bytes=a.max_body_bytes,
+                      max_prompt_tokens=a.max_prompt_tokens, max_stop=a.max_stop, max_stop_chars=a.max_stop_chars,
+                      api_keys=keys, protect_metrics=a.protect_metrics, drain_timeout=a.drain_timeout,
+                      stall_timeout=a.stall_timeout)
+    if not keys and not is_loopback(a.host):
+        print(f"draftwise serve: WARNING: {a.host} is not a loopback address and no API key is set: anyone "
+              f"who can reach it may use the server (--api-key, --api-key-file or {ENV})", file=sys.stderr)
+    print(f"draftwise serve: {cfg.model_name} on http://{a.host}:{a.port}/v1 (loading: /health says ok when "
+          "ready)", file=sys.stderr)
+    status = serve(cfg, a.host, a.port, a.log_level)
+    if status:
+        print("draftwise serve: the model failed to load (above); exiting", file=sys.stderr)
+    return status
 
 
 def _serve_args(s: argparse.ArgumentParser) -> None:
@@ -367,6 +379,19 @@ def _serve_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--log-level", default="warning")
+    s.add_argument("--api-key", action="append", default=[], help="require 'Authorization: Bearer KEY' on "
+                   "/v1/ (repeatable; also --api-key-file and $DRAFTWISE_API_KEY)")
+    s.add_argument("--api-key-file", action="append", default=[], help="a file of API keys, one a line")
+    s.add_argument("--protect-metrics", action="store_true", help="require the key on /metrics and /health too")
+    s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get a 413")
+    s.add_argument("--max-prompt-tokens", type=int, default=None, help="longer prompts get a 400 "
+                   "(default: whatever fits the context)")
+    s.add_argument("--max-stop", type=int, default=16, help="stop strings per request")
+    s.add_argument("--max-stop-chars", type=int, default=256, help="characters per stop string")
+    s.add_argument("--drain-timeout", type=float, default=20.0, help="seconds in-flight requests get to "
+                   "finish on SIGTERM before they are cancelled")
+    s.add_argument("--stall-timeout", type=float, default=120.0, help="a scheduler step running longer "
+                   "makes /health unhealthy")
 
 
 def build_parser() -> argparse.ArgumentParser:

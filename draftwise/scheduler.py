@@ -16,12 +16,19 @@ with `submit` (bounded: `QueueFull` when the waiting queue is full) and get even
 request's `deliver` callback: a `Chunk` per step (the last one carries the `GenerationResult`)
 or an exception. `Request.cancel()` frees the request's KV state at the start of the next step.
 
+Failure boundaries: every per-request part of a step (set-up, prefill, drafting, acceptance,
+commit) runs inside that request's boundary (`_try`): an exception fails that request alone (its
+KV freed, the exception delivered) and the others go on as if it had never run. A batched
+forward that fails (target or draft model) is retried once per sequence alone, so it fails only
+the requests whose own forward fails.
+
 Each sequence keeps its own context, accepted counts and KV state, so a request's greedy output
 depends on the others only through the numerics of the shared forward (docs/design.md).
 """
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -41,10 +48,16 @@ from draftwise.stats import SpecStats
 from draftwise.verify import VerifyResult, greedy_verify, rejection_sample
 
 NO_DRAFT = Proposal([])
+MAX_LOOP_ERRORS = 3  # steps failing in a row outside any request's boundary before the running fail
+log = logging.getLogger(__name__)
 
 
 class QueueFull(RuntimeError):
     """The waiting queue is at its bound: the caller should answer 429."""
+
+
+class ShuttingDown(RuntimeError):
+    """The scheduler takes no more requests (draining or closed): the caller should answer 503."""
 
 
 @dataclass(slots=True, eq=False)
@@ -70,8 +83,8 @@ class RequestState:
     seq: int  # target sequence id
     key: int  # drafter sequence key
     ctx: list[int]  # prompt + committed output; the target KV holds ctx[:-1]
-    out: OutputTracker
-    gen: torch.Generator | None
+    out: OutputTracker | None = None  # set up inside the request's failure boundary
+    gen: torch.Generator | None = None
     stats: SpecStats = field(default_factory=SpecStats)
     times: list[float] = field(default_factory=list)
     rounds: list[Round] = field(default_factory=list)
@@ -100,6 +113,7 @@ class NullObserver:
     def finished(self, req: Request, result: GenerationResult) -> None: ...
     def failed(self, req: Request, error: BaseException) -> None: ...
     def cancelled(self, req: Request) -> None: ...
+    def fault(self, kind: str) -> None: ...  # "forward" | "draft": a batched forward failed; "loop"
 
 
 class Scheduler:
@@ -108,11 +122,15 @@ class Scheduler:
     `reuse_prefix`, a finished request's prompt KV (target and drafter) is kept for the next
     request with the same prompt. `pad_ragged` (llama.cpp with per-sequence KV streams, which
     splits a batch into ubatches of equally many tokens per sequence): pad each step's feeds to
-    equal length, trading ragged ubatches for wasted rows."""
+    equal length, trading ragged ubatches for wasted rows. `reserve_draft`: the context check
+    leaves room for a whole draft after max_tokens; False checks only prompt + max_tokens, which is
+    all a request needs, since a round never drafts past max_tokens (D <= tokens left - 1) and
+    padding stops at the context."""
 
     def __init__(self, target: ModelRunner, tokenizer, drafter: Drafter | None = None,
                  policy: DraftPolicy | None = None, max_running: int = 16, max_queue: int = 64,
-                 observer=None, pad_ragged: bool = False, sampler=rejection_sample, reuse_prefix: bool = False):
+                 observer=None, pad_ragged: bool = False, sampler=rejection_sample, reuse_prefix: bool = False,
+                 reserve_draft: bool = True):
         if max_running < 1 or max_queue < 0:
             raise ValueError(f"need max_running >= 1 and max_queue >= 0, got {max_running}, {max_queue}")
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
@@ -121,27 +139,37 @@ class Scheduler:
         self.max_running = min([max_running] + [r.n_seq_max for r in runners if r.n_seq_max is not None])
         self.max_queue, self.observer = max_queue, observer or NullObserver()
         self.pad_ragged, self.sampler, self.reuse_prefix = pad_ragged, sampler, reuse_prefix
+        self.reserve_draft = reserve_draft
         self._waiting: deque[Request] = deque()
         self._running: list[RequestState] = []
         self._prefix: _Prefix | None = None
         self._cond = threading.Condition()
         self._closed = False
+        self._accepting = True
         self._keys = itertools.count()
         self._thread: threading.Thread | None = None
+        self._held: set[int] = set()  # target sequences opened and not yet freed
+        self.step_started: float | None = None  # time.monotonic() at the start of the step in progress
+        self._loop_errors = 0
 
     # --- caller side (any thread) ------------------------------------------------------------
 
     @property
     def max_draft(self) -> int:
-        """The most draft tokens a round may propose by default (what the context must leave room for)."""
+        """The most draft tokens a round may propose by default."""
         return self.policy.max_draft if self.drafter is not None else 0
+
+    @property
+    def reserve(self) -> int:
+        """Context tokens the check keeps free after max_tokens, for a request on the policy's D."""
+        return self.max_draft if self.reserve_draft else 0
 
     def check(self, prompt_ids: list[int], max_tokens: int, num_draft_tokens: int | None = None) -> None:
         """ValueError for a request that cannot run."""
         if num_draft_tokens is not None and check_draft_len(num_draft_tokens) == "auto":
             raise ValueError("a request's own num_draft_tokens is an integer >= 0 (auto is the policy's)")
         d = self.max_draft if num_draft_tokens is None else num_draft_tokens
-        check_request(self.target, self.drafter, prompt_ids, max_tokens, d)
+        check_request(self.target, self.drafter, prompt_ids, max_tokens, d if self.reserve_draft else 0)
 
     def validate(self, req: Request) -> None:
         """ValueError naming what makes the request impossible to run."""
@@ -151,8 +179,8 @@ class Scheduler:
     def submit(self, req: Request) -> None:
         self.validate(req)
         with self._cond:
-            if self._closed:
-                raise RuntimeError("the scheduler is closed")
+            if not self._accepting:
+                raise ShuttingDown("the server is shutting down")
             if len(self._waiting) >= self.max_queue:
                 raise QueueFull(f"{len(self._waiting)} requests are waiting (the bound); retry later")
             self._waiting.append(req)
@@ -162,22 +190,39 @@ class Scheduler:
         """(waiting, running)"""
         return len(self._waiting), len(self._running)
 
+    @property
+    def sequences_held(self) -> int:
+        """Target sequences open now: the running requests' (and a kept prompt's); more is a leak."""
+        return len(self._held)
+
+    def alive(self) -> bool:
+        """The loop thread (`start`) is running."""
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self) -> None:
         """Run the loop in a thread of its own (the server)."""
         self._thread = threading.Thread(target=self.run, name="draftwise-scheduler", daemon=True)
         self._thread.start()
 
+    def drain(self, timeout: float) -> bool:
+        """Take no more requests; let those in flight finish for up to `timeout` seconds, then close
+        (the rest fail with ShuttingDown). True if every one finished."""
+        with self._cond:
+            self._accepting = False
+        deadline = time.monotonic() + timeout
+        while any(self.counts()) and self.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        done = not any(self.counts())
+        self.close()
+        return done
+
     def close(self) -> None:
         with self._cond:
-            self._closed = True
+            self._closed, self._accepting = True, False
             self._cond.notify()
         if self._thread is not None:
             self._thread.join()
-        err = RuntimeError("the server is shutting down")
-        for st in list(self._running):
-            self._drop(st, err)
-        while self._waiting:
-            self._send(self._waiting.popleft(), err)
+        self._fail_all(ShuttingDown("the server is shutting down"))
         self.release()
 
     def release(self) -> None:
@@ -189,17 +234,45 @@ class Scheduler:
     # --- the loop (one thread) ----------------------------------------------------------------
 
     def run(self) -> None:
+        """The loop thread. An exception that escapes a step is the loop's own (every request's
+        part runs in its boundary): logged, counted, and the step run again; after
+        MAX_LOOP_ERRORS in a row every request in flight fails, rather than wait forever."""
         while True:
             with self._cond:
                 while not self._closed and not self._waiting and not self._running:
                     self._cond.wait()
                 if self._closed:
                     return
+            self.step_started = time.monotonic()
             try:
                 self.step()
-            except Exception as e:  # noqa: BLE001 - a bug must not leave every client waiting forever
-                for st in list(self._running):
-                    self._drop(st, e)
+                self._loop_errors = 0
+            except Exception as e:  # noqa: BLE001
+                self._loop_error(e)
+            finally:
+                self.step_started = None
+
+    def _loop_error(self, e: Exception) -> None:
+        self._loop_errors += 1
+        log.error("scheduler step failed (%d in a row)", self._loop_errors, exc_info=e)
+        try:
+            self.observer.fault("loop")
+        finally:
+            if self._loop_errors >= MAX_LOOP_ERRORS:
+                self._loop_errors = 0
+                self._fail_all(e)
+
+    def _fail_all(self, error: BaseException) -> None:
+        """Fail every request in flight, each freed as far as its runner allows."""
+        for st in list(self._running):
+            try:
+                self._drop(st, error)
+            except Exception as e:  # noqa: BLE001 - its error was delivered; the runner could not free it
+                log.error("could not free a failed request's sequence", exc_info=e)
+        with self._cond:
+            waiting, self._waiting = list(self._waiting), deque()
+        for req in waiting:
+            self._send(req, error)
 
     def step(self) -> None:
         """Drop cancelled requests, admit waiting ones, then one batched propose -> verify -> commit."""
@@ -245,26 +318,33 @@ class Scheduler:
             if p.ids == prompt_ids:  # the drafter rolls itself back to the prompt on its next propose
                 return p.seq, p.key, p.logits.clone()
             self._free_seq(p.seq, p.key)
-        return self.target.new_sequence(), next(self._keys), None
+        seq = self.target.new_sequence()
+        self._held.add(seq)
+        return seq, next(self._keys), None
 
     def _prefill(self, req: Request) -> None:
-        p = req.params
-        seq, key, logits = self._open(req.prompt_ids)
-        st = RequestState(req, seq, key, list(req.prompt_ids),
-                          OutputTracker(self.tokenizer, req.max_tokens, req.stop),
-                          None if p.greedy else p.generator())
-        self._running.append(st)
-        t = time.perf_counter()
         try:
-            if logits is None:
-                logits = self.target.forward([st.seq], [req.prompt_ids], [1])[0]  # [1, V]
-                dt = time.perf_counter() - t
-                self.observer.forward("prefill", 1, len(req.prompt_ids), dt)
-                self.observer.phase("prefill", dt)
-            first = int(logits[-1].argmax()) if p.greedy else sample(warp(logits[-1:], p)[0], st.gen)
-        except Exception as e:  # noqa: BLE001 - the request fails, the others go on
-            self._drop(st, e)
+            seq, key, logits = self._open(req.prompt_ids)
+        except Exception as e:  # noqa: BLE001 - no sequence opened: nothing to free
+            self._send(req, e)
+            self.observer.failed(req, e)
             return
+        st = RequestState(req, seq, key, list(req.prompt_ids))
+        self._running.append(st)
+        self._try(st, self._first_token, st, logits)
+
+    def _first_token(self, st: RequestState, logits: torch.Tensor | None) -> None:
+        """Set the request up, prefill its prompt (unless its KV was kept), commit its first token."""
+        req, p = st.req, st.req.params
+        st.out = OutputTracker(self.tokenizer, req.max_tokens, req.stop)
+        st.gen = None if p.greedy else p.generator()
+        t = time.perf_counter()
+        if logits is None:
+            logits = self.target.forward([st.seq], [req.prompt_ids], [1])[0]  # [1, V]
+            dt = time.perf_counter() - t
+            self.observer.forward("prefill", 1, len(req.prompt_ids), dt)
+            self.observer.phase("prefill", dt)
+        first = int(logits[-1].argmax()) if p.greedy else sample(warp(logits[-1:], p)[0], st.gen)
         if self.reuse_prefix:
             st.prompt_logits = logits.clone()
         st.stats.plain_steps += 1
@@ -286,36 +366,55 @@ class Scheduler:
             room = [self.target.max_context - (len(st.ctx) - 1) for st, _, _ in live]
             feeds = [f + [f[-1]] * (min(k, r) - len(f)) for f, r in zip(feeds, room)]
         t = time.perf_counter()
-        try:  # verify: one forward, d+1 logits rows per sequence (first d+1 rows when padded)
-            logits = self.target.forward([st.seq for st, _, _ in live], feeds, [len(f) for f in feeds])
-        except Exception as e:  # noqa: BLE001
-            for st, _, _ in live:
-                self._drop(st, e)
-            return
+        # verify: one forward, d+1 logits rows per sequence (first d+1 rows when padded); None: failed
+        logits = self._forward([st for st, _, _ in live], feeds)
         t_fwd = time.perf_counter() - t
         self.observer.forward("step", len(live), sum(map(len, feeds)), t_fwd)
         self.observer.phase("verify", t_fwd)
         t = time.perf_counter()
         for (st, prop, shadow), rows in zip(live, logits):
-            t_req = time.perf_counter()
-            rows = rows[: len(prop.tokens) + 1]  # [d+1, V]
-            res = self._verify(rows, prop, st.req.params, st.gen)
-            self.target.truncate(st.seq, len(st.ctx) + res.num_accepted)  # drop the rejected draft's KV
-            st.stats.verify_s += t_fwd + time.perf_counter() - t_req  # each request waited for all the forward
-            if prop.tokens:
-                st.stats.record_round(len(prop.tokens), res.num_accepted)
-                st.rounds.append(Round(len(st.out.token_ids), len(prop.tokens), res.num_accepted))
-                self.observer.round(len(prop.tokens), res.num_accepted)
-            else:
-                st.stats.plain_steps += 1
-            st.ctx += res.tokens
-            self.policy.learn(st, RoundOutcome(prop, res, rows, st.req.params, shadow, time.perf_counter() - t_step))
-            # row i of the verification scored emitted token i (accepted, then recovered or bonus)
-            self._commit(st, res.tokens, bool(prop.tokens), _logprobs(st.req, rows[: len(res.tokens)], res.tokens))
+            if rows is not None:
+                self._try(st, self._commit_round, st, prop, shadow, rows, t_fwd, t_step)
         t_other = time.perf_counter() - t
         self.observer.phase("other", t_other)
         self.policy.observe_step(StepTimes(max(map(len, feeds)), len(live), t_fwd, t_draft, t_other,
                                            forwards, behind))
+
+    def _commit_round(self, st: RequestState, prop: Proposal, shadow: int | None, rows: torch.Tensor,
+                      t_fwd: float, t_step: float) -> None:
+        t_req = time.perf_counter()
+        rows = rows[: len(prop.tokens) + 1]  # [d+1, V]
+        res = self._verify(rows, prop, st.req.params, st.gen)
+        self.target.truncate(st.seq, len(st.ctx) + res.num_accepted)  # drop the rejected draft's KV
+        st.stats.verify_s += t_fwd + time.perf_counter() - t_req  # each request waited for all the forward
+        if prop.tokens:
+            st.stats.record_round(len(prop.tokens), res.num_accepted)
+            st.rounds.append(Round(len(st.out.token_ids), len(prop.tokens), res.num_accepted))
+            self.observer.round(len(prop.tokens), res.num_accepted)
+        else:
+            st.stats.plain_steps += 1
+        st.ctx += res.tokens
+        self.policy.learn(st, RoundOutcome(prop, res, rows, st.req.params, shadow, time.perf_counter() - t_step))
+        # row i of the verification scored emitted token i (accepted, then recovered or bonus)
+        self._commit(st, res.tokens, bool(prop.tokens), _logprobs(st.req, rows[: len(res.tokens)], res.tokens))
+
+    def _forward(self, batch: list[RequestState], feeds: list[list[int]]) -> list[torch.Tensor | None]:
+        """The step's target forward. If the batched forward fails, each sequence is retried alone
+        once: a fault fails only the requests whose own forward fails (their rows are None)."""
+        try:
+            return self.target.forward([st.seq for st in batch], feeds, [len(f) for f in feeds])
+        except Exception as e:  # noqa: BLE001
+            log.warning("a batched forward of %d sequences failed; retrying each alone", len(batch), exc_info=e)
+            self.observer.fault("forward")
+        return [self._try(st, self._forward_alone, st, f) for st, f in zip(batch, feeds)]
+
+    def _forward_alone(self, st: RequestState, feed: list[int]) -> torch.Tensor:
+        n = len(st.ctx) - 1  # the KV invariant: every committed token but the last
+        if self.target.length(st.seq) > n:
+            self.target.truncate(st.seq, n)  # whatever the failed forward left behind
+        if self.target.length(st.seq) != n:
+            raise RuntimeError("the failed forward lost this sequence's KV state")
+        return self.target.forward([st.seq], [feed], [len(feed)])[0]
 
     def _propose(self, batch: list[RequestState]):
         """(proposals, shadows, draft-model forwards, tokens caught up on) for the batch: a
@@ -324,51 +423,58 @@ class Scheduler:
         asked for the policy's D, every request's draft in lockstep, one forward a step: each
         request's draft time is then the whole call's, as its verify time is the step's."""
         n = len(batch)
-        none = [NO_DRAFT] * n, [None] * n, 0, 1
         if self.drafter is None:
-            return none
+            return [NO_DRAFT] * n, [None] * n, 0, 1
+        if not self.drafter.cheap:
+            return self._propose_model(batch)
         props, shadows = [], []
-        if self.drafter.cheap:
-            for st in batch:
-                t = time.perf_counter()
-                room = st.out.remaining - 1  # the round always emits one token besides the accepted
-                try:
-                    want = self.policy.ask(st, n, room)
-                    cand = self.drafter.propose(st.key, st.ctx, want, st.req.params, st.gen) if want > 0 else NO_DRAFT
-                    d = self.policy.choose(st, n, len(cand.tokens), 1)
-                except Exception as e:  # noqa: BLE001
-                    props.append(None)
-                    shadows.append(None)
-                    self._drop(st, e)
-                    continue
-                props.append(cand if d == len(cand.tokens) else
-                             Proposal(cand.tokens[:d], None if cand.probs is None else cand.probs[:d]))
-                shadows.append(cand.tokens[0] if cand.tokens and d == 0 else None)
-                dt = time.perf_counter() - t
-                st.stats.draft_s += dt
-                self.observer.phase("draft", dt)
-            return props, shadows, 0, 1
+        for st in batch:
+            got = self._try(st, self._propose_cheap, st, n)
+            props.append(None if got is None else got[0])
+            shadows.append(None if got is None else got[1])
+        return props, shadows, 0, 1
+
+    def _propose_cheap(self, st: RequestState, n: int) -> tuple[Proposal, int | None]:
+        """(proposal, shadow): the drafter's candidate cut to the policy's D."""
         t = time.perf_counter()
-        behind = [self.drafter.pending(st.key, st.ctx) for st in batch]
-        ds = [self.policy.choose(st, n, st.out.remaining - 1, b) for st, b in zip(batch, behind)]
-        todo = [(st, d) for st, d in zip(batch, ds) if d > 0]
-        got: list[Proposal | None] = []
+        want = self.policy.ask(st, n, st.out.remaining - 1)  # the round always emits one token besides the accepted
+        cand = self.drafter.propose(st.key, st.ctx, want, st.req.params, st.gen) if want > 0 else NO_DRAFT
+        d = self.policy.choose(st, n, len(cand.tokens), 1)
+        prop = cand if d == len(cand.tokens) else \
+            Proposal(cand.tokens[:d], None if cand.probs is None else cand.probs[:d])
+        dt = time.perf_counter() - t
+        st.stats.draft_s += dt
+        self.observer.phase("draft", dt)
+        return prop, cand.tokens[0] if cand.tokens and d == 0 else None
+
+    def _propose_model(self, batch: list[RequestState]):
+        n = len(batch)
+        t = time.perf_counter()
+        plans = [self._try(st, self._plan_draft, st, n) for st in batch]  # (behind, D, stop); None: failed
+        todo = [(st, p) for st, p in zip(batch, plans) if p is not None and p[1] > 0]
+        drafts = iter(self._draft_many(todo) if todo else [])  # in batch order, one per D > 0
+        props = [None if p is None else next(drafts) if p[1] > 0 else NO_DRAFT for p in plans]
         if todo:
-            try:
-                got = self.drafter.propose_many([(st.key, st.ctx, d, st.req.params, st.gen, self.policy.stop(st))
-                                                 for st, d in todo])
-            except Exception as e:  # noqa: BLE001
-                for st, _ in todo:
-                    self._drop(st, e)
-                got = [None] * len(todo)
             dt = time.perf_counter() - t
             for st, _ in todo:
                 st.stats.draft_s += dt
             self.observer.phase("draft", dt)
-        drafts = iter(got)  # in batch order, one per d > 0
-        props = [next(drafts) if d > 0 else NO_DRAFT for d in ds]
         one = props[0] if n == 1 and props[0] is not None else NO_DRAFT
-        return props, [None] * n, one.forwards or len(one.tokens), behind[0] if n == 1 else 1
+        return props, [None] * n, one.forwards or len(one.tokens), plans[0][0] if n == 1 and plans[0] else 1
+
+    def _plan_draft(self, st: RequestState, n: int) -> tuple[int, int, object]:
+        behind = self.drafter.pending(st.key, st.ctx)
+        return behind, self.policy.choose(st, n, st.out.remaining - 1, behind), self.policy.stop(st)
+
+    def _draft_many(self, todo: list) -> list[Proposal | None]:
+        """The draft model's lockstep drafts; if that fails, each request's draft alone once."""
+        items = [(st.key, st.ctx, d, st.req.params, st.gen, stop) for st, (_, d, stop) in todo]
+        try:
+            return self.drafter.propose_many(items)
+        except Exception as e:  # noqa: BLE001
+            log.warning("a batched draft of %d sequences failed; retrying each alone", len(items), exc_info=e)
+            self.observer.fault("draft")
+        return [self._try(st, lambda it=it: self.drafter.propose_many([it])[0]) for (st, _), it in zip(todo, items)]
 
     def _verify(self, logits: torch.Tensor, prop: Proposal, params: SamplingParams, gen) -> VerifyResult:
         draft = torch.tensor(prop.tokens, dtype=torch.long)  # [d]
@@ -406,18 +512,31 @@ class Scheduler:
         if not self._send(st.req, chunk) and st.out.finish_reason is None:
             st.req.cancel()  # nobody listens any more: freed at the next step
 
+    def _try(self, st: RequestState, fn, *args):
+        """fn(*args) inside the request's failure boundary: if it raises, this request alone fails
+        (KV freed, the exception delivered) and None is returned."""
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001 - the request fails, the others go on
+            log.warning("a request failed: %r", e, exc_info=e)
+            self._drop(st, e)
+            return None
+
     def _drop(self, st: RequestState, error: BaseException | None) -> None:
         """Free a request that did not finish: cancelled (error None) or failed."""
-        self._free(st)
-        if error is None:
-            self.observer.cancelled(st.req)
-        else:
-            self.observer.failed(st.req, error)
-            self._send(st.req, error)
+        try:
+            self._free(st)
+        finally:
+            if error is None:
+                self.observer.cancelled(st.req)
+            else:
+                self._send(st.req, error)
+                self.observer.failed(st.req, error)
 
     def _free(self, st: RequestState, keep_prompt: bool = False) -> None:
-        if st in self._running:
-            self._running.remove(st)
+        if st not in self._running:
+            return  # freed already
+        self._running.remove(st)
         if keep_prompt and self.reuse_prefix and self._prefix is None:
             self.target.truncate(st.seq, len(st.req.prompt_ids))
             self._prefix = _Prefix(list(st.req.prompt_ids), st.seq, st.key, st.prompt_logits)
@@ -425,6 +544,7 @@ class Scheduler:
         self._free_seq(st.seq, st.key)
 
     def _free_seq(self, seq: int, key: int) -> None:
+        self._held.discard(seq)
         self.target.free(seq)
         if self.drafter is not None:
             self.drafter.release(key)

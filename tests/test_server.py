@@ -1,6 +1,6 @@
 """draftwise serve over real HTTP on loopback, smollm2-135m on llama.cpp: the official openai
 client, greedy identity alone vs concurrent, batched forwards, per-request speculation control,
-errors, cancellation on disconnect, the queue bound."""
+errors, cancellation on disconnect, the queue bound, failing requests beside healthy streams."""
 import json
 import threading
 import time
@@ -196,3 +196,69 @@ def test_logprobs_are_the_targets_and_line_up_with_speculation(srv, client):
     assert len(content) == parts[-1].usage.completion_tokens
     assert all(len(c.top_logprobs) == 3 and c.top_logprobs[0].logprob >= c.top_logprobs[2].logprob for c in content)
     assert "".join(c.token for c in content) == "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
+
+
+def stream(srv, body):
+    """(status, streamed text, the last data event before [DONE]) of a streaming completion."""
+    with httpx.stream("POST", srv.url + "/v1/completions", json={"model": MODEL, "stream": True, **body},
+                      timeout=120) as r:
+        if r.status_code != 200:
+            r.read()
+            return r.status_code, "", r.json()
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    return 200, "".join(e["choices"][0]["text"] for e in events if "choices" in e), events[-1]
+
+
+def together(srv, bodies):
+    gate, out = threading.Barrier(len(bodies)), [None] * len(bodies)
+
+    def one(i):
+        gate.wait()
+        out[i] = stream(srv, bodies[i])
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_failing_requests_touch_no_other_stream(srv, monkeypatch):
+    """Two streams finish identical to a run without the rest: seeds out of range (400), and
+    requests whose forwards fail inside the scheduler (the first after its prefill: a batched
+    forward, retried per sequence), each ending with its error. No sequence is left open."""
+    good = [{"prompt": "def fibonacci(n):", "max_tokens": 40, "temperature": 0},
+            {"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0.8, "seed": 11}]
+    reference = together(srv, good)
+    poison, poisoned = [7] * 9, set()
+    forward = srv.scheduler.target.forward
+
+    def faulty(seqs, toks, k):
+        poisoned.update(s for s, t in zip(seqs, toks) if t == poison)  # its prefill goes through
+        if poisoned & set(seqs) and poison not in toks:
+            raise RuntimeError("injected fault")
+        return forward(seqs, toks, k)
+    monkeypatch.setattr(srv.scheduler.target, "forward", faulty)
+    faults = metric(srv, "draftwise:scheduler_faults_total", kind="forward")
+    bad = [{"prompt": "hi", "seed": 2 ** 64}, {"prompt": "hi", "seed": 2 ** 63}] * 6 + [{"prompt": poison}] * 3
+    got = together(srv, good + bad)
+    assert [text for _, text, _ in got[:2]] == [text for _, text, _ in reference]
+    assert all(code == 400 and last["error"]["param"] == "seed" for code, _, last in got[2:14])
+    for code, _, last in got[14:]:
+        assert code == 200 and last["error"]["code"] == "500" and "injected fault" in last["error"]["message"]
+    assert metric(srv, "draftwise:scheduler_faults_total", kind="forward") > faults
+    deadline = time.time() + 10
+    while any(srv.scheduler.counts()) and time.time() < deadline:
+        time.sleep(0.05)
+    assert srv.scheduler.sequences_held == 0 and srv.scheduler.target._lengths == {}
+    assert metric(srv, "draftwise:sequences_held") == 0
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "\ud800 hi"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi \udfff"}]}),
+])
+def test_lone_surrogates_are_400(srv, path, body):
+    r = httpx.post(srv.url + path, content=json.dumps({"model": MODEL, **body}),  # "\ud800" escaped
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text

@@ -1,6 +1,9 @@
-"""Schemathesis against the server's own OpenAPI schema (/openapi.json), over loopback HTTP:
-whatever it sends, valid or not, the server answers without a server error (bad input is a 400,
-never a 5xx), and the scheduler thread survives."""
+"""Schemathesis against the server's own OpenAPI schema (/openapi.json), over loopback HTTP with an
+API key: whatever it sends, valid or not, the server answers without a server error (bad input is
+a 400, never a 5xx), every error in OpenAI's shape, and the scheduler thread survives with no
+sequence left open."""
+import time
+
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
@@ -15,7 +18,7 @@ EXAMPLES = 20  # per operation and mode
 
 @pytest.fixture(scope="module")
 def live():
-    s = LiveServer(max_context=128, max_queue=256)  # a short context bounds every generated request
+    s = LiveServer(max_context=128, max_queue=256, api_keys=("fuzz-key",))  # a short context bounds every request
     yield s
     s.close()
 
@@ -37,13 +40,20 @@ def test_no_server_error(live, mode):
         @given(case=strategy)
         @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
         def check(case):
-            response = case.call(base_url=live.url, timeout=60)
+            response = case.call(base_url=live.url, timeout=60, headers=live.headers())
             seen.append(response.status_code)
             assert response.status_code < 500, \
                 f"{case.method} {case.path} {case.body!r} -> {response.status_code}: {response.text[:300]}"
+            if response.status_code >= 400:
+                assert set(response.json()["error"]) == {"message", "type", "param", "code"}
         check()
-    assert live.scheduler._thread.is_alive()
+    assert live.scheduler.alive()
     assert 200 in seen or mode == GenerationMode.NEGATIVE
+    assert 401 not in seen or mode == GenerationMode.NEGATIVE  # negative cases may break the key itself
+    deadline = time.time() + 30
+    while any(live.scheduler.counts()) and time.time() < deadline:
+        time.sleep(0.05)
+    assert live.scheduler.sequences_held == 0 and live.scheduler.target._lengths == {}
 
 
 def _served_model(case):

@@ -3,7 +3,7 @@
 Handlers never touch a model: the scheduler thread owns the runners. Each request gets an
 asyncio queue; the scheduler delivers Chunks into it with call_soon_threadsafe. A request is
 cancelled (its KV state freed at the scheduler's next step) when its handler exits early: the
-client disconnected, or the stream could not be written.
+client disconnected, or the stream could not be written. Prompts are tokenised off the event loop.
 """
 from __future__ import annotations
 
@@ -12,100 +12,104 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from draftwise.sampling import SamplingParams
-from draftwise.scheduler import QueueFull, Request, Scheduler
+from draftwise.scheduler import QueueFull, Request, Scheduler, ShuttingDown
+from draftwise.server import auth, errors
+from draftwise.server.errors import ApiError, error_json
+from draftwise.server.lifecycle import Lifecycle
+from draftwise.server.limits import BodyLimit
+from draftwise.server.load import ServeConfig
 from draftwise.server.metrics import ServerMetrics
 from draftwise.server.responses import Formatter, sse
-from draftwise.server.schemas import ChatCompletionRequest, CompletionRequest, ErrorResponse, error_json
+from draftwise.server.schemas import ChatCompletionRequest, CompletionRequest, ErrorResponse
 
-_ERRORS = {400: {"model": ErrorResponse, "description": "Invalid request"},
-           429: {"model": ErrorResponse, "description": "Queue full"}}
+_ERRORS = {code: {"model": ErrorResponse, "description": text} for code, text in (
+    (400, "Invalid request"), (401, "Missing or wrong API key"), (413, "Body too large"), (429, "Queue full"),
+    (503, "Loading or shutting down"))}
 _POLL_S = 0.25  # how often a waiting handler checks that its client is still there
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-
-
-def create_app(scheduler: Scheduler, tokenizer, model_name: str, metrics: ServerMetrics) -> FastAPI:
+def create_app(life: Lifecycle, cfg: ServeConfig, metrics: ServerMetrics) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
+        life.start()  # the port binds now; /health says loading until the scheduler runs
         yield
-        scheduler.close()
+        life.close()
 
     app = FastAPI(title="draftwise", version="0.1.0", lifespan=lifespan)
-    app.state.scheduler, app.state.metrics = scheduler, metrics
-
-    @app.exception_handler(ApiError)
-    async def _api_error(request, e: ApiError):
-        metrics.reject({400: "invalid", 429: "queue_full"}.get(e.status, str(e.status)))
-        return JSONResponse(error_json(e.status, e.message, e.param), status_code=e.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request, e: RequestValidationError):
-        errs = e.errors()
-        where = ".".join(str(x) for x in errs[0]["loc"][1:]) if errs else None
-        msg = "; ".join(f"{'.'.join(str(x) for x in er['loc'][1:]) or 'body'}: {er['msg']}" for er in errs[:3])
-        metrics.reject("invalid")
-        return JSONResponse(error_json(400, msg or "invalid request", where or None), status_code=400)
+    app.state.life, app.state.metrics = life, metrics
+    errors.install(app, metrics.reject)
+    app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes, reject=metrics.reject)
+    if cfg.api_keys:  # added last: runs first
+        app.add_middleware(auth.BearerAuth, keys=auth.KeyCheck(cfg.api_keys), protect_metrics=cfg.protect_metrics,
+                           reject=metrics.reject)
+        auth.document(app)
+    model_name = cfg.model_name
 
     @app.get("/health")
-    async def health() -> dict:
-        waiting, running = scheduler.counts()
-        return {"status": "ok", "waiting": waiting, "running": running}
+    async def health() -> JSONResponse:
+        status, body = life.health()
+        return JSONResponse(body, status_code=status)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=_ERRORS)
     async def models() -> dict:
+        sched, _ = life.serving()
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
-                                            "owned_by": "draftwise", "max_model_len": scheduler.target.max_context}]}
+                                            "owned_by": "draftwise", "max_model_len": sched.target.max_context}]}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:
-        metrics.queue(*scheduler.counts())
+        if (sched := life.scheduler) is not None:
+            metrics.queue(*sched.counts())
+            metrics.held(sched.sequences_held)
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions", responses=_ERRORS)
     async def completions(body: CompletionRequest, http: HttpRequest):
-        _check(body, model_name)
-        ids = list(body.prompt) if isinstance(body.prompt, list) else tokenizer.encode(body.prompt)
-        return await _serve(body, ids, Formatter(model_name, False, body.return_token_ids), http)
+        sched, toks = life.serving()
+        _check(body, cfg)
+        if isinstance(body.prompt, list):
+            ids = list(body.prompt)
+        else:
+            ids = await _tokenised(toks.encode(body.prompt), "prompt")
+        return await _serve(sched, toks, body, ids, Formatter(model_name, False, body.return_token_ids), http)
 
     @app.post("/v1/chat/completions", responses=_ERRORS)
     async def chat_completions(body: ChatCompletionRequest, http: HttpRequest):
-        _check(body, model_name)
+        sched, toks = life.serving()
+        _check(body, cfg)
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
         msgs, prefix = body.chat()
-        try:
-            ids = tokenizer.apply_chat(msgs, prefix)
-        except Exception as e:  # a template that rejects these messages (e.g. roles out of order)
-            raise ApiError(400, f"the chat template rejected the messages: {e}", "messages") from None
-        return await _serve(body, ids, Formatter(model_name, True, body.return_token_ids), http)
+        ids = await _tokenised(toks.apply_chat(msgs, prefix), "messages")
+        return await _serve(sched, toks, body, ids, Formatter(model_name, True, body.return_token_ids), http)
 
-    async def _serve(body, ids: list[int], fmt: Formatter, http: HttpRequest):
+    async def _serve(sched: Scheduler, toks, body, ids: list[int], fmt: Formatter, http: HttpRequest):
+        if cfg.max_prompt_tokens is not None and len(ids) > cfg.max_prompt_tokens:
+            raise ApiError(400, f"the prompt has {len(ids)} tokens; this server takes at most "
+                                f"{cfg.max_prompt_tokens}", "messages" if fmt.chat else "prompt")
         max_tokens = body.max_tokens
         if max_tokens is None:  # chat: up to the context
-            max_tokens = max(1, scheduler.target.max_context - len(ids) - scheduler.max_draft)
+            max_tokens = max(1, sched.target.max_context - len(ids) - sched.reserve)
         try:
             params = SamplingParams(body.temperature, body.top_p, body.top_k, body.seed)
             logprobs = body.logprobs_k()
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         if logprobs is not None:
-            fmt.piece = lambda t: tokenizer.decode([t])
+            fmt.piece = toks.piece
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         req = Request(ids, max_tokens, params, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
                       body.stop_list(), body.draft_tokens(), logprobs=logprobs)
         try:
-            scheduler.submit(req)
+            sched.submit(req)
         except QueueFull as e:
             raise ApiError(429, str(e)) from None
+        except ShuttingDown as e:
+            raise ApiError(503, str(e)) from None
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         if body.stream:
@@ -120,7 +124,7 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, metrics: Server
                 if ev is None:  # the client has gone: nobody to answer
                     return Response(status_code=499)
                 if isinstance(ev, BaseException):
-                    return JSONResponse(error_json(500, f"generation failed: {ev}"), status_code=500)
+                    return JSONResponse(_failure(ev), status_code=_failure_status(ev))
                 if ev.result is not None:
                     return fmt.whole(ev.result)
         finally:
@@ -135,7 +139,7 @@ def create_app(scheduler: Scheduler, tokenizer, model_name: str, metrics: Server
                 if ev is None:
                     return
                 if isinstance(ev, BaseException):
-                    yield sse(error_json(500, f"generation failed: {ev}"))
+                    yield sse(_failure(ev))
                     break
                 if (out := fmt.chunk(ev)) is not None:
                     yield out
@@ -160,10 +164,32 @@ async def _next(events: asyncio.Queue, http: HttpRequest):
                 return None
 
 
-def _check(body, model_name: str) -> None:
-    if body.model != model_name:
-        raise ApiError(400, f"model {body.model!r} is not served here; this server serves {model_name!r}",
+async def _tokenised(pending, param: str) -> list[int]:
+    try:
+        return await pending
+    except Exception as e:  # noqa: BLE001 - e.g. a chat template that rejects the roles' order
+        what = "the chat template rejected the messages" if param == "messages" else "the prompt could not be tokenised"
+        raise ApiError(400, f"{what}: {e}", param) from None
+
+
+def _failure_status(error: BaseException) -> int:
+    """A request that failed in the scheduler: 503 when the server shuts down, else 500."""
+    return 503 if isinstance(error, ShuttingDown) else 500
+
+
+def _failure(error: BaseException) -> dict:
+    what = "cancelled" if isinstance(error, ShuttingDown) else "generation failed"
+    return error_json(_failure_status(error), f"{what}: {error}")
+
+
+def _check(body, cfg: ServeConfig) -> None:
+    if body.model != cfg.model_name:
+        raise ApiError(400, f"model {body.model!r} is not served here; this server serves {cfg.model_name!r}",
                        "model")
     bad = body.unsupported()
     if bad:
         raise ApiError(400, f"not implemented by draftwise: {', '.join(bad)} (leave at the default)", bad[0])
+    stop = body.stop_list()
+    if len(stop) > cfg.max_stop or any(len(s) > cfg.max_stop_chars for s in stop):
+        raise ApiError(400, f"at most {cfg.max_stop} stop strings of at most {cfg.max_stop_chars} characters "
+                            "each", "stop")

@@ -1,7 +1,10 @@
-"""ServeConfig -> a Scheduler over the spec's models (draftwise.build, as every command loads them)."""
+"""ServeConfig -> a Scheduler over the spec's models (draftwise.build, as every command loads them),
+and the HTTP side's own tokenizers."""
 from __future__ import annotations
 
-import threading
+import asyncio
+import copy
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from draftwise.build import EngineSpec
@@ -9,46 +12,66 @@ from draftwise.build import build_scheduler as _build
 from draftwise.scheduler import Scheduler
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class ServeConfig:
     """The models (one EngineSpec, as every command) and the server's own settings."""
     spec: EngineSpec = field(default_factory=EngineSpec)
     max_queue: int = 64  # waiting requests beyond which the server answers 429
-    spec_off_above: int | None = None  # running requests above which speculation is off
+    spec_off_above: int | None = None  # running requests above which speculation is off (fixed D)
     model_name: str | None = None  # served name; default: the target spec
     pad_ragged: bool = False  # llama.cpp: pad each step's feeds to equal length (one ubatch)
+    # limits on one request
+    max_body_bytes: int = 1 << 20  # larger bodies: 413 (1 MiB: ~250k tokens of text, ~130k as ids)
+    max_prompt_tokens: int | None = None  # None: what fits the context with max_tokens
+    max_stop: int = 16  # stop strings per request
+    max_stop_chars: int = 256  # characters per stop string
+    # access
+    api_keys: tuple[str, ...] = field(default=(), repr=False)  # none: no authentication
+    protect_metrics: bool = False  # also require a key on /metrics and /health
+    # lifecycle
+    drain_timeout: float = 20.0  # seconds in-flight requests get to finish on SIGTERM
+    stall_timeout: float = 120.0  # a step running longer makes /health unhealthy
 
     def __post_init__(self) -> None:
-        if self.max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        for name in ("max_queue", "max_body_bytes", "max_stop", "max_stop_chars"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        if self.drain_timeout < 0 or self.stall_timeout <= 0:
+            raise ValueError(f"need drain_timeout >= 0 and stall_timeout > 0, got {self.drain_timeout}, "
+                             f"{self.stall_timeout}")
         if self.model_name is None:
             self.model_name = self.spec.target
 
 
-class LockedTokenizer:
-    """The tokenizer shared by the HTTP handlers (encode) and the scheduler thread (decode): a
-    Rust tokenizer object must not be used by two threads at once."""
+class Tokenizers:
+    """The HTTP side's tokenizers. A Rust tokenizer must not be used by two threads at once, and
+    encoding a long prompt takes a while (~1 s a MiB), so: encoding and chat templates run on one
+    worker thread with a copy of their own, never on the event loop; the event loop decodes
+    logprob pieces with another copy; the scheduler thread keeps the original for its output."""
 
     def __init__(self, tok):
-        self._tok, self._lock = tok, threading.Lock()
-        self.eos_token_ids = tok.eos_token_ids
+        self._worker_tok, self._loop_tok = copy.deepcopy(tok), copy.deepcopy(tok)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="draftwise-tokenize")
 
-    def encode(self, text: str) -> list[int]:
-        with self._lock:
-            return self._tok.encode(text)
+    async def encode(self, text: str) -> list[int]:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._worker_tok.encode, text)
 
-    def decode(self, ids: list[int]) -> str:
-        with self._lock:
-            return self._tok.decode(ids)
+    async def apply_chat(self, messages: list[dict], assistant_prefix: str = "") -> list[int]:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._worker_tok.apply_chat,
+                                                                messages, assistant_prefix)
 
-    def apply_chat(self, messages: list[dict], assistant_prefix: str = "") -> list[int]:
-        with self._lock:
-            return self._tok.apply_chat(messages, assistant_prefix)
+    def piece(self, token: int) -> str:
+        """One token's text (event loop only)."""
+        return self._loop_tok.decode([token])
 
-    def fingerprint(self) -> str:
-        return self._tok.fingerprint()
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def build_scheduler(cfg: ServeConfig, observer=None) -> tuple[Scheduler, LockedTokenizer]:
-    return _build(cfg.spec, observer=observer, max_queue=cfg.max_queue, spec_off_above=cfg.spec_off_above,
-                  pad_ragged=cfg.pad_ragged, tokenizer_wrap=LockedTokenizer)
+def build_scheduler(cfg: ServeConfig, observer=None) -> tuple[Scheduler, Tokenizers]:
+    """The scheduler (the context check reserves no draft: see Scheduler) and the HTTP tokenizers."""
+    sched, tok = _build(cfg.spec, observer=observer, max_queue=cfg.max_queue, spec_off_above=cfg.spec_off_above,
+                        pad_ragged=cfg.pad_ragged, reserve_draft=False)
+    return sched, Tokenizers(tok)

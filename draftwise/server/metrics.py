@@ -40,12 +40,17 @@ class ServerMetrics:
         self.success = Counter("vllm:request_success", "Finished requests.", m + ["finished_reason"], registry=r)
         self.running = Gauge("vllm:num_requests_running", "Requests in the running batch.", m, registry=r)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests in the waiting queue.", m, registry=r)
-        self.rejected = Counter("draftwise:requests_rejected", "Requests refused (queue full, bad input).",
-                                m + ["reason"], registry=r)
+        self.rejected = Counter("draftwise:requests_rejected", "Requests refused (bad input, no key, queue full, "
+                                "loading, ...).", m + ["reason"], registry=r)
         self.cancelled_n = Counter("draftwise:requests_cancelled", "Requests cancelled (client gone).", m,
                                    registry=r)
         self.failed_n = Counter("draftwise:requests_failed", "Requests that failed in the scheduler.", m,
                                 registry=r)
+        self.faults = Counter("draftwise:scheduler_faults", "Batched forwards that failed (kind forward|draft: "
+                              "each sequence retried alone) and steps that failed outside every request (loop).",
+                              m + ["kind"], registry=r)
+        self.held_seqs = Gauge("draftwise:sequences_held", "Target sequences open, one per running request: "
+                               "more is a leak.", m, registry=r)
         self.forward_seqs = Histogram("draftwise:forward_sequences", "Sequences carried by one target forward.",
                                       m + ["kind"], buckets=_SEQS, registry=r)
         self.forward_tokens = Counter("draftwise:forward_tokens", "Tokens fed to target forwards.", m + ["kind"],
@@ -93,6 +98,12 @@ class ServerMetrics:
 
     def failed(self, req, error: BaseException) -> None:
         self.failed_n.labels(self._m).inc()
+
+    def fault(self, kind: str) -> None:
+        self.faults.labels(self._m, kind).inc()
+
+    def held(self, n: int) -> None:
+        self.held_seqs.labels(self._m).set(n)
 
     def cancelled(self, req) -> None:
         self.cancelled_n.labels(self._m).inc()

@@ -6,15 +6,34 @@ value (n=1, no echo, zero penalties, ...); anything else is a 400 that names the
 log-probabilities of each emitted token.
 draftwise's extensions: `top_k`, `speculation` (false: plain decoding for this request),
 `num_draft_tokens` (fix D for this request) and `return_token_ids` (token ids in each choice).
+
+Every number is checked here against what the engine can take (a seed within a signed 64-bit
+integer, as vLLM's; token ids within int32, the vocabulary later), and every text field must be
+encodable (a lone surrogate such as "\\ud800" is a 400, not a tokenizer crash).
 """
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+MAX_LOGPROBS = 20  # as vLLM's default max_logprobs
+SEED_MIN, SEED_MAX = -(2 ** 63), 2 ** 63 - 1  # vLLM's range (torch.long): torch's generator takes it
+TOKEN_MAX = 2 ** 31 - 1  # llama.cpp's token type is int32; the vocabulary bound is checked later
+
+
+def _encodable(s: str) -> str:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"text that cannot be encoded as UTF-8 at character {e.start} "
+                         "(a lone surrogate escape such as \\ud800?)") from None
+    return s
+
 
 Float = Annotated[float, Field(allow_inf_nan=False)]
-MAX_LOGPROBS = 20  # as vLLM's default max_logprobs
+Text = Annotated[str, AfterValidator(_encodable)]
+TokenId = Annotated[int, Field(ge=0, le=TOKEN_MAX)]
 
 
 class StreamOptions(BaseModel):
@@ -29,8 +48,8 @@ class _Common(BaseModel):
     temperature: Annotated[Float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[Float, Field(gt=0.0, le=1.0)] = 1.0
     top_k: Annotated[int, Field(ge=0)] = 0
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
+    stop: Text | list[Text] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
@@ -65,12 +84,12 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[Annotated[int, Field(ge=0)]] | list[str] | list[list[int]]
+    prompt: Text | list[TokenId] | list[Text] | list[list[TokenId]]
     max_tokens: Annotated[int, Field(ge=1)] | None = 16  # OpenAI's default for completions
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     best_of: int | None = None
-    suffix: str | None = None
+    suffix: Text | None = None
 
     def _unsupported(self) -> list[str]:
         batched = isinstance(self.prompt, list) and bool(self.prompt) and not isinstance(self.prompt[0], int)
@@ -81,14 +100,14 @@ class CompletionRequest(_Common):
 
 class ContentPart(BaseModel):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart]
+    content: Text | list[ContentPart]
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -131,8 +150,3 @@ class ErrorBody(BaseModel):
 class ErrorResponse(BaseModel):
     error: ErrorBody
 
-
-def error_json(status: int, message: str, param: str | None = None) -> dict:
-    kind = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_exceeded",
-            503: "service_unavailable"}.get(status, "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": str(status)}}
