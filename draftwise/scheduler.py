@@ -144,6 +144,7 @@ class Scheduler:
         self._running: list[RequestState] = []
         self._prefix: _Prefix | None = None
         self._cond = threading.Condition()
+        self._close_lock = threading.Lock()  # drain and the server's shutdown may both close
         self._closed = False
         self._accepting = True
         self._keys = itertools.count()
@@ -217,13 +218,14 @@ class Scheduler:
         return done
 
     def close(self) -> None:
-        with self._cond:
-            self._closed, self._accepting = True, False
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join()
-        self._fail_all(ShuttingDown("the server is shutting down"))
-        self.release()
+        with self._close_lock:
+            with self._cond:
+                self._closed, self._accepting = True, False
+                self._cond.notify()
+            if self._thread is not None:
+                self._thread.join()
+            self._fail_all(ShuttingDown("the server is shutting down"))
+            self.release()
 
     def release(self) -> None:
         """Free the prompt state kept by `reuse_prefix`."""

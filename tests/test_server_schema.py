@@ -2,6 +2,7 @@
 API key: whatever it sends, valid or not, the server answers without a server error (bad input is
 a 400, never a 5xx), every error in OpenAI's shape, and the scheduler thread survives with no
 sequence left open."""
+import os
 import time
 
 import pytest
@@ -13,7 +14,7 @@ from schemathesis import GenerationMode  # noqa: E402
 
 from serving import LiveServer  # noqa: E402
 
-EXAMPLES = 20  # per operation and mode
+EXAMPLES = int(os.environ.get("DRAFTWISE_FUZZ_EXAMPLES", 20))  # per operation and mode
 
 
 @pytest.fixture(scope="module")
