@@ -351,7 +351,11 @@ def cmd_serve(a) -> int:
     from draftwise.server import ServeConfig, serve
     from draftwise.server.auth import ENV, is_loopback, load_keys
 
-    keys = load_keys(a.api_key, a.api_key_file)
+    try:
+        keys = load_keys(a.api_key, a.api_key_file)
+    except (OSError, ValueError) as e:
+        print(f"draftwise serve: API keys: {e}", file=sys.stderr)
+        return 2
     cfg = ServeConfig(spec=_spec(a), max_queue=a.max_queue, spec_off_above=a.spec_off_above,
                       model_name=a.model_name, pad_ragged=a.pad_ragged, max_body_bytes=a.max_body_bytes,
                       max_prompt_tokens=a.max_prompt_tokens, max_stop=a.max_stop, max_stop_chars=a.max_stop_chars,

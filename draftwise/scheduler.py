@@ -369,7 +369,7 @@ class Scheduler:
             feeds = [f + [f[-1]] * (min(k, r) - len(f)) for f, r in zip(feeds, room)]
         t = time.perf_counter()
         # verify: one forward, d+1 logits rows per sequence (first d+1 rows when padded); None: failed
-        logits = self._forward([st for st, _, _ in live], feeds)
+        logits, batched = self._forward([st for st, _, _ in live], feeds)
         t_fwd = time.perf_counter() - t
         self.observer.forward("step", len(live), sum(map(len, feeds)), t_fwd)
         self.observer.phase("verify", t_fwd)
@@ -379,8 +379,9 @@ class Scheduler:
                 self._try(st, self._commit_round, st, prop, shadow, rows, t_fwd, t_step)
         t_other = time.perf_counter() - t
         self.observer.phase("other", t_other)
-        self.policy.observe_step(StepTimes(max(map(len, feeds)), len(live), t_fwd, t_draft, t_other,
-                                           forwards, behind))
+        if batched:  # a step of retries is no measure of the batched forward's cost
+            self.policy.observe_step(StepTimes(max(map(len, feeds)), len(live), t_fwd, t_draft, t_other,
+                                               forwards, behind))
 
     def _commit_round(self, st: RequestState, prop: Proposal, shadow: int | None, rows: torch.Tensor,
                       t_fwd: float, t_step: float) -> None:
@@ -400,15 +401,16 @@ class Scheduler:
         # row i of the verification scored emitted token i (accepted, then recovered or bonus)
         self._commit(st, res.tokens, bool(prop.tokens), _logprobs(st.req, rows[: len(res.tokens)], res.tokens))
 
-    def _forward(self, batch: list[RequestState], feeds: list[list[int]]) -> list[torch.Tensor | None]:
-        """The step's target forward. If the batched forward fails, each sequence is retried alone
-        once: a fault fails only the requests whose own forward fails (their rows are None)."""
+    def _forward(self, batch: list[RequestState], feeds: list[list[int]]) -> tuple[list, bool]:
+        """(logits per sequence, whether the batched forward went through). If it fails, each
+        sequence is retried alone once: a fault fails only the requests whose own forward fails
+        (their logits are None)."""
         try:
-            return self.target.forward([st.seq for st in batch], feeds, [len(f) for f in feeds])
+            return self.target.forward([st.seq for st in batch], feeds, [len(f) for f in feeds]), True
         except Exception as e:  # noqa: BLE001
             log.warning("a batched forward of %d sequences failed; retrying each alone", len(batch), exc_info=e)
             self.observer.fault("forward")
-        return [self._try(st, self._forward_alone, st, f) for st, f in zip(batch, feeds)]
+        return [self._try(st, self._forward_alone, st, f) for st, f in zip(batch, feeds)], False
 
     def _forward_alone(self, st: RequestState, feed: list[int]) -> torch.Tensor:
         n = len(st.ctx) - 1  # the KV invariant: every committed token but the last

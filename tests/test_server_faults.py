@@ -84,11 +84,23 @@ def test_seed_overflow_fails_alone_and_leaks_no_slot():
     assert [e.ids for e in run(sched, GOOD)] == ALONE  # every slot is still there
 
 
+class Timed(FixedDraftLength):
+    def __init__(self, d):
+        super().__init__(d)
+        self.steps = []
+
+    def observe_step(self, step):
+        self.steps.append(step)
+
+
 def test_batched_forward_failure_is_retried_alone():
+    clean = Scheduler(Runner(), CharTokenizer(), NgramDrafter(1, 3), policy := Timed(4))
+    run(clean, GOOD)
     runner = Runner(fail=once_batched())
-    sched = scheduler(runner, observer=(obs := Faults()))
+    sched = Scheduler(runner, CharTokenizer(), NgramDrafter(1, 3), faulted := Timed(4), observer=(obs := Faults()))
     evs = run(sched, GOOD)
     assert [e.ids for e in evs] == ALONE and obs.kinds == ["forward"]
+    assert len(faulted.steps) == len(policy.steps) - 1  # the step of retries does not price the batched forward
     assert runner.seqs == {}
 
 
