@@ -10,10 +10,10 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
@@ -21,7 +21,7 @@ from draftwise.bench.endpoint import parse_prometheus
 
 pytest.importorskip("llama_cpp")
 psutil = pytest.importorskip("psutil")
-DRAFTWISE = str(Path(__file__).resolve().parents[1] / ".venv/bin/draftwise")
+DRAFTWISE = [sys.executable, "-m", "draftwise.cli"]  # the interpreter running the tests
 MODEL = "smollm2-135m"
 N = int(os.environ.get("DRAFTWISE_FAULT_RUN", 96))
 PROMPTS = [f"def {name}(" for name in ("fibonacci", "quicksort", "is_prime", "parse_date", "flatten", "gcd",
@@ -92,7 +92,7 @@ def metric(port, name) -> float:
 @pytest.mark.slow
 def test_fault_run():
     port = free_port()
-    proc = subprocess.Popen([DRAFTWISE, "serve", "--target", MODEL, "--max-running", "16", "--max-context", "1024",
+    proc = subprocess.Popen([*DRAFTWISE, "serve", "--target", MODEL, "--max-running", "16", "--max-context", "1024",
                              "--threads", "2", "--port", str(port)], stderr=subprocess.PIPE, text=True)
     try:
         health = {}

@@ -5,15 +5,15 @@ import json
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 pytest.importorskip("llama_cpp")
-DRAFTWISE = str(Path(__file__).resolve().parents[1] / ".venv/bin/draftwise")
+DRAFTWISE = [sys.executable, "-m", "draftwise.cli"]  # the interpreter running the tests
 
 
 def free_port() -> int:
@@ -25,7 +25,7 @@ def free_port() -> int:
 def test_serve_loads_in_the_background_and_drains_on_sigterm():
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([DRAFTWISE, "serve", "--target", "smollm2-135m", "--backend", "llama.cpp",
+    proc = subprocess.Popen([*DRAFTWISE, "serve", "--target", "smollm2-135m", "--backend", "llama.cpp",
                              "--drafter", "none", "--max-context", "512", "--threads", "2", "--host", "0.0.0.0",
                              "--port", str(port), "--drain-timeout", "0.5"], stderr=subprocess.PIPE, text=True)
     try:
@@ -69,7 +69,7 @@ def test_serve_loads_in_the_background_and_drains_on_sigterm():
 
 
 def test_serve_exits_1_when_the_model_cannot_load():
-    run = subprocess.run([DRAFTWISE, "serve", "--target", "/nonexistent/model.gguf", "--num-draft-tokens", "4",
+    run = subprocess.run([*DRAFTWISE, "serve", "--target", "/nonexistent/model.gguf", "--num-draft-tokens", "4",
                           "--port", str(free_port())], capture_output=True, text=True, timeout=120)
     assert run.returncode == 1
     assert "GGUF file /nonexistent/model.gguf does not exist" in run.stderr and "failed to load" in run.stderr
