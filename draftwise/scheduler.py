@@ -444,8 +444,7 @@ class Scheduler:
         want = self.policy.ask(st, n, st.out.remaining - 1)  # the round always emits one token besides the accepted
         cand = self.drafter.propose(st.key, st.ctx, want, st.req.params, st.gen) if want > 0 else NO_DRAFT
         d = self.policy.choose(st, n, len(cand.tokens), 1)
-        prop = cand if d == len(cand.tokens) else \
-            Proposal(cand.tokens[:d], None if cand.probs is None else cand.probs[:d])
+        prop = cand if d == len(cand.tokens) else cand.head(d)
         dt = time.perf_counter() - t
         st.stats.draft_s += dt
         self.observer.phase("draft", dt)

@@ -18,6 +18,11 @@ class Proposal:
     forwards: int = 0  # draft-model forwards run for it (d, or d + 1 after it dropped a token); 0: no model
     stop_confidence: float | None = None  # after an early stop: the drafter's probability of the last token it drafted
 
+    def head(self, d: int) -> Proposal:
+        """The first d tokens of this proposal, with their probabilities and confidences."""
+        return Proposal(self.tokens[:d], None if self.probs is None else self.probs[:d],
+                        None if self.confidence is None else self.confidence[:d])
+
     def draft_probs(self, vocab_size: int) -> torch.Tensor:
         """q as a [d, vocab_size] tensor: the drafter's own, zero-padded to the target's width, or one-hot."""
         if self.probs is None:

@@ -124,9 +124,10 @@ class SuffixDrafter:
         r = self._reqs.get(seq_key)
         if r is None or context[: len(r.seen)] != r.seen:  # new, or another sequence under this key
             r = self._reqs[seq_key] = _Request(SuffixTrie(self.depth), len(context) - 1)
-        for t in context[len(r.seen):]:
+        new = context[len(r.seen):]
+        for t in new:
             r.active = r.trie.extend(r.active, t)
-        r.seen = list(context)
+        r.seen += new
         if num_tokens <= 0:
             return Proposal([])
         tries = [r.trie] + ([self.global_trie] if self.share and seq_key not in self.private else [])
