@@ -1,10 +1,11 @@
-"""`draftwise bench --endpoint` against two `draftwise serve` processes on loopback, speculation off
-and on (n-gram drafter), at concurrency 1, 2, 4, 8 (docs/results.md §6). The bench interleaves the
-two servers' request groups, so only one computes at a time; at temperature 0 it asks both for
-logprobs and compares their outputs token by token.
+"""`draftwise bench --endpoint` against one `draftwise serve` process per configuration on loopback
+(default: speculation off, n-gram `auto`, n-gram D = 4) at concurrency 1, 2, 4, 8, 16
+(docs/results.md §6). The bench interleaves the servers' request groups, so only one computes at a
+time; at temperature 0 it asks every server for logprobs and compares outputs token by token.
 
     .venv/bin/python benchmarks/server_bench.py --out results/server_bench
-    .venv/bin/python benchmarks/server_bench.py --dry-run     # print the three commands
+    .venv/bin/python benchmarks/server_bench.py --model qwen2.5-coder-1.5b --out results/server_bench_qwen
+    .venv/bin/python benchmarks/server_bench.py --dry-run     # print the commands
 """
 from __future__ import annotations
 
@@ -18,20 +19,32 @@ import urllib.request
 CLI = [sys.executable, "-m", "draftwise.cli"]
 
 
+def server_flags(config: str, drafter: str) -> list[str]:
+    """`plain` -> speculation off; `auto` or an integer D -> the drafter (--drafter) at that D."""
+    if config == "plain":
+        return ["--drafter", "none"]
+    if config != "auto" and not config.isdigit():
+        raise SystemExit(f"configuration {config!r}: expected plain, auto or an integer D")
+    return ["--drafter", drafter, "--num-draft-tokens", config]
+
+
 def commands(a: argparse.Namespace) -> tuple[dict[str, list[str]], list[str]]:
-    """The two servers' command lines by configuration name, and the bench's."""
+    """Each server's command line by configuration name, and the bench's."""
     common = ["serve", "--target", a.model, "--backend", "llama.cpp", "--threads", str(a.threads),
-              "--max-running", "16", "--max-context", "1024", "--host", "127.0.0.1"]
-    servers = {"plain": CLI + common + ["--drafter", "none", "--port", str(a.port)],
-               "ngram": CLI + common + ["--drafter", "ngram", "--num-draft-tokens", str(a.d), "--port", str(a.port + 1)]}
-    bench = CLI + ["bench", "--endpoint", f"plain=http://127.0.0.1:{a.port}/v1",
-                   "--endpoint", f"ngram=http://127.0.0.1:{a.port + 1}/v1", "--baseline", "plain",
+              "--max-running", "16", "--max-context", str(a.max_context),
+              "--host", "127.0.0.1"]
+    names = {c: c if c in ("plain", "auto") else f"D{c}" for c in a.configs}
+    servers = {names[c]: CLI + common + server_flags(c, a.drafter) + ["--port", str(a.port + i)]
+               for i, c in enumerate(a.configs)}
+    endpoints = [x for i, c in enumerate(a.configs) for x in ("--endpoint", f"{names[c]}=http://127.0.0.1:{a.port + i}/v1")]
+    bench = CLI + ["bench", *endpoints, "--baseline", names[a.configs[0]],
                    "--target", a.model, "--workload", a.workload, "--n", str(a.n), "--max-tokens", str(a.max_tokens),
-                   "--concurrency", *map(str, a.concurrency), "--warmup", "2", "--no-progress", "--out", a.out]
+                   "--concurrency", *map(str, a.concurrency), "--repeats", str(a.repeats),
+                   "--warmup", "2", "--no-progress", "--out", a.out]
     return servers, bench
 
 
-def wait_healthy(port: int, timeout_s: float = 600.0) -> None:
+def wait_healthy(port: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -47,13 +60,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/server_bench")
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--d", type=int, default=4, help="the n-gram server's draft length")
-    ap.add_argument("--workload", default="editeval")
-    ap.add_argument("--n", type=int, default=16)
+    ap.add_argument("--configs", nargs="+", default=["plain", "auto", "4"],
+                    help="one server each: plain, auto or an integer D; the first is the baseline")
+    ap.add_argument("--drafter", default="ngram")
+    ap.add_argument("--workload", default="editeval,writing")
+    ap.add_argument("--n", type=int, default=8, help="prompts per category")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--port", type=int, default=8301, help="the plain server's; the n-gram server's is the next")
+    ap.add_argument("--max-context", type=int, default=1024)
+    ap.add_argument("--port", type=int, default=8301, help="the first server's; the others take the next ones")
+    ap.add_argument("--health-timeout", type=float, default=3600.0,
+                    help="seconds to wait for each server's /health (auto measures the batch cost curves once: "
+                         "~20 min for the 1.5B)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     return ap.parse_args(argv)
 
@@ -67,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     procs = [subprocess.Popen(cmd) for cmd in servers.values()]
     try:
-        for port in (a.port, a.port + 1):
-            wait_healthy(port)
+        for i in range(len(servers)):
+            wait_healthy(a.port + i, a.health_timeout)
         return subprocess.run(bench).returncode
     finally:
         for p in procs:

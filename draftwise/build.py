@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from draftwise.drafters.auto import AutoDrafter
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter
@@ -14,7 +15,8 @@ from draftwise.policy import make_policy
 from draftwise.request import check_draft_len
 from draftwise.scheduler import Scheduler
 
-DRAFTERS = ("none", "model", "ngram", "suffix")
+DRAFTERS = ("none", "model", "ngram", "suffix", "auto")
+AUTO_MEMBERS = ("ngram", "suffix")  # what --drafter auto chooses among, with none
 # llama.cpp's CPU kernels. "repacked" (its extra buffer types, as llama_cpp.Llama loads) makes
 # one-token forwards faster and multi-token verification slower than "standard"; neither is
 # batch-invariant (a near-tie can flip between a one-token and a batched forward). "auto":
@@ -63,7 +65,7 @@ class ModelFields:
 @dataclass(slots=True, kw_only=True)
 class EngineSpec(ModelFields):
     """The models, the drafter and D: every command builds from one of these."""
-    drafter: str = "ngram"  # none | model | ngram | suffix
+    drafter: str = "ngram"  # none | model | ngram | suffix | auto (AUTO_MEMBERS, chosen per round)
     num_draft_tokens: int | str = "auto"  # a fixed D, or "auto": the planner picks D per round
     max_running: int = 4  # sequences held at once (llama.cpp streams): requests batched together
 
@@ -99,6 +101,8 @@ def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_run
     """The drafter the spec names (or `kind`), None for plain decoding. A draft model's runner is
     loaded unless `draft_runner` is given (one loaded model serves several drafters)."""
     kind = kind or spec.drafter
+    if kind == "auto":
+        return AutoDrafter({m: load_drafter(spec, tokenizer, m) for m in AUTO_MEMBERS})
     if kind == "ngram":
         return NgramDrafter(spec.ngram_min, spec.ngram_max)
     if kind == "suffix":

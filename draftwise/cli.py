@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 
 # A code edit that keeps most of its input: where speculation pays (docs/results.md)
 DEMO_PROMPT = """Make `load_records` skip lines that start with `#`. Return the whole module.
@@ -47,7 +48,8 @@ def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
     if drafting:
         p.add_argument("--drafter", choices=DRAFTERS, default=d["drafter"].default,
                        help="ngram: prompt lookup; suffix: suffix tries over the request and recent outputs; "
-                       "model: the draft model; none: plain decoding")
+                       "model: the draft model; auto: n-gram or suffix, chosen every round (with D auto); "
+                       "none: plain decoding")
         p.add_argument("--num-draft-tokens", type=_draft_len, default=d["num_draft_tokens"].default,
                        help="D per round: an integer, or auto (default): chosen every round from the measured "
                             "forward-cost curves and the request's acceptance, 0 (plain) included")
@@ -123,6 +125,9 @@ def cmd_generate(a) -> int:
     if a.compare_plain:
         print(f"=== {label} ===\n{runs[label].text}\n")
     print(format_table({name: r.stats for name, r in runs.items()}))
+    if a.drafter == "auto" and runs[label].plans:
+        chosen = Counter(p.drafter for p in runs[label].plans)
+        print("steps by drafter chosen: " + ", ".join(f"{n} {c}" for n, c in chosen.most_common()))
     if "plain" in runs and label != "plain":
         greedy = "" if a.temperature == 0 else " (sampling: not expected)"
         for base in ("plain", fastest):

@@ -516,13 +516,15 @@ class Planner:
             a.observe_shadow(p_accept)
 
     def observe_times(self, k: int, n_seqs: int, forward_s: float, d: int, behind: int, draft_s: float,
-                      overhead_s: float) -> None:
+                      overhead_s: float, curve: bool = True) -> None:
         """Measured seconds of a round: the target forward of k tokens per sequence, d draft
         forwards (the first catching up on `behind` tokens; d counts the forward of a token an
-        early stop dropped, else its time would inflate the draft curve), and the rest of the round."""
+        early stop dropped, else its time would inflate the draft curve), and the rest of the round.
+        `curve=False`: leave the verify curve alone (another planner sharing it observes it)."""
         if not self.online:
             return
-        self.verify.observe(k, n_seqs, forward_s)
+        if curve:
+            self.verify.observe(k, n_seqs, forward_s)
         if n_seqs > 1:  # the draft curves are per sequence; a batched step's drafting is not
             pass
         elif self.draft is None:

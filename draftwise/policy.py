@@ -1,8 +1,9 @@
-"""Draft length per round: a fixed D, or `auto` (the planner). Two implementations of one
-interface, which the one decoding loop (draftwise.scheduler) calls for one request or many:
+"""Draft length per round: a fixed D, `auto` (the planner), or `auto` over several drafters
+(DrafterChoice, `--drafter auto`). Implementations of one interface, which the one decoding loop (draftwise.scheduler) calls for one request or many:
 
     ask(st, n, room)                tokens to ask a cheap drafter for, before choosing
-    choose(st, n, available, behind) -> D this round (0: a plain step)
+    select(st, n, proposal)         -> the part of a cheap drafter's proposal to verify (may be none)
+    choose(st, n, available, behind) -> D this round (0: a plain step), for a draft model
     stop(st)                        the draft model's early-stop rule for this round, or None
     learn(st, round)                what the round showed (after verification)
     observe_step(step)              the step's measured times
@@ -14,7 +15,7 @@ A request that fixes its own D (`Request.num_draft_tokens`) keeps it under eithe
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -56,11 +57,15 @@ class DraftPolicy(Protocol):
 
     def begin(self, st) -> None: ...
     def ask(self, st, n_running: int, room: int) -> int: ...
+    def select(self, st, n_running: int, cand: Proposal) -> Proposal: ...
     def choose(self, st, n_running: int, available: int, behind: int) -> int: ...
     def stop(self, st) -> StopRule | None: ...
     def learn(self, st, outcome: RoundOutcome) -> None: ...
     def observe_step(self, step: StepTimes) -> None: ...
     def finish(self, st) -> None: ...
+
+
+_NONE = Proposal([])
 
 
 class FixedDraftLength:
@@ -77,6 +82,11 @@ class FixedDraftLength:
 
     def ask(self, st, n_running: int, room: int) -> int:
         return min(self._d(st, n_running), room)
+
+    def select(self, st, n_running: int, cand: Proposal) -> Proposal:
+        if cand.options is not None:  # drafter auto with a fixed D: the longest proposal
+            cand = max(cand.options.values(), key=lambda p: len(p.tokens))
+        return cand.head(self.choose(st, n_running, len(cand.tokens), 1))
 
     def choose(self, st, n_running: int, available: int, behind: int) -> int:
         return min(self._d(st, n_running), available)
@@ -118,6 +128,9 @@ class PlannedDraftLength:
     def ask(self, st, n_running: int, room: int) -> int:
         return min(self.max_draft if st.policy is not None else st.req.num_draft_tokens, room)
 
+    def select(self, st, n_running: int, cand: Proposal) -> Proposal:
+        return cand.head(self.choose(st, n_running, len(cand.tokens), 1))
+
     def choose(self, st, n_running: int, available: int, behind: int) -> int:
         if st.policy is None:
             return min(st.req.num_draft_tokens, available)
@@ -158,14 +171,114 @@ class PlannedDraftLength:
             self.planner.finish(st.policy.req)
 
 
-def make_planner(runner, drafter: Drafter, max_draft: int = 16, batch_sizes=(1,), log=None, **kw) -> Planner:
+@dataclass(slots=True)
+class _Choice:
+    """A request's state: one planner state per member, this round's plan and choice."""
+    reqs: dict[str, RequestPlan]
+    plan: Plan | None = None
+    chosen: str | None = None  # the member verified this round; None: a plain step
+    firsts: dict[str, int] = field(default_factory=dict)  # unverified members' first tokens
+
+
+class DrafterChoice:
+    """`--drafter auto` with D `auto`: which drafter, and how much of its proposal, each round.
+
+    Every cheap drafter of an AutoDrafter proposes each round (draftwise.drafters.auto). Each has its
+    own planner (draftwise.planner) with its own acceptance estimates per request and per workload,
+    all priced on one shared verify curve and on the measured time of the whole proposing call (all
+    members propose, so all are paid for). The round verifies the member whose plan promises the
+    highest rate E[N](D) / T(D) (each plan already beats a plain step by its margin), or none: a plain
+    step. Members that were not verified still learn: their first token is scored against the
+    target's distribution at the round's first position (a shadow, as the single-drafter `auto` does
+    for a proposal it did not verify), which the verification computes whatever was drafted."""
+
+    def __init__(self, planners: dict[str, Planner]):
+        if not planners:
+            raise ValueError("drafter auto needs a planner per drafter")
+        self.planners = planners
+        self.max_draft = max(p.max_draft for p in planners.values())
+
+    def begin(self, st) -> None:
+        if st.req.num_draft_tokens is not None:
+            return  # fixed by the request: FixedDraftLength.select's rule
+        st.policy = _Choice({n: p.new_request(st.req.max_tokens) for n, p in self.planners.items()})
+        st.plans = []
+        st.stats.predicted_s = st.stats.predicted_plain_s = st.stats.prefill_s
+
+    def ask(self, st, n_running: int, room: int) -> int:
+        return min(self.max_draft if st.policy is not None else st.req.num_draft_tokens, room)
+
+    def select(self, st, n_running: int, cand: Proposal) -> Proposal:
+        options = cand.options or {}
+        if st.policy is None:  # a request's own D: the longest proposal
+            best = max(options.values(), key=lambda p: len(p.tokens), default=_NONE)
+            return best.head(min(st.req.num_draft_tokens, len(best.tokens)))
+        c = st.policy
+        plans = {n: self.planners[n].plan(c.reqs[n], n_running, available=len(p.tokens)) for n, p in options.items()}
+        live = [n for n in plans if plans[n].d > 0]
+        c.chosen = max(live, key=lambda n: plans[n].rate, default=None)
+        c.plan = plans[c.chosen] if c.chosen is not None else next(iter(plans.values()), None)
+        c.firsts = {n: p.tokens[0] for n, p in options.items() if p.tokens and n != c.chosen}
+        return options[c.chosen].head(c.plan.d) if c.chosen is not None else _NONE
+
+    def choose(self, st, n_running: int, available: int, behind: int) -> int:
+        raise TypeError("drafter auto chooses among cheap drafters: select, not choose")
+
+    def stop(self, st):
+        return None
+
+    def learn(self, st, o: RoundOutcome) -> None:
+        c = st.policy
+        if c is None or c.plan is None:
+            return
+        res, prop, emitted = o.result, o.proposal, len(o.result.tokens)
+        st.stats.predicted_s += emitted / c.plan.rate
+        st.stats.predicted_plain_s += emitted / c.plan.plain_rate
+        for name, planner in self.planners.items():
+            req = c.reqs[name]
+            if name == c.chosen:
+                planner.commit(req, c.plan, len(prop.tokens), res.num_accepted, emitted, prop.confidence,
+                               prop.stop_confidence, o.round_s)
+                continue
+            plain = Plan(0, c.plan.plain_rate, c.plan.plain_rate)
+            planner.commit(req, plain, 0, 0, emitted)
+            if name in c.firsts:  # P(accept) of its unverified first token at the round's first position
+                t = c.firsts[name]
+                p = float(int(o.logits[0].argmax()) == t) if o.params.greedy \
+                    else float(warp(o.logits[:1], o.params)[0, t])
+                planner.shadow(req, p)
+        chosen = self.planners[c.chosen] if c.chosen is not None else None
+        st.plans.append(PlanStep(c.plan.d if chosen else 0, len(prop.tokens), 0,
+                                 round(1e3 * (c.plan.seconds or 1.0 / c.plan.plain_rate), 1),
+                                 round(1e3 * o.round_s, 1), round(1e3 * (chosen or self._any).draft_cost(1), 1),
+                                 c.chosen or "none"))
+        c.plan, c.chosen, c.firsts = None, None, {}
+
+    @property
+    def _any(self) -> Planner:
+        return next(iter(self.planners.values()))
+
+    def observe_step(self, s: StepTimes) -> None:
+        """The verify curve is shared: observed once; each planner's drafting and overhead."""
+        for i, p in enumerate(self.planners.values()):
+            p.observe_times(s.k, s.n_seqs, s.forward_s, s.forwards, s.behind, s.draft_s, s.other_s, curve=i == 0)
+
+    def finish(self, st) -> None:
+        if st.policy is not None:
+            for name, p in self.planners.items():
+                p.finish(st.policy.reqs[name])
+
+
+def make_planner(runner, drafter: Drafter, max_draft: int = 16, batch_sizes=(1,), log=None,
+                 verify_curve: CostCurve | None = None, **kw) -> Planner:
     """A planner over the measured forward-cost curves of the target (and of the draft model),
-    measured once per machine and cached (draftwise.profile.cached_profile)."""
+    measured once per machine and cached (draftwise.profile.cached_profile); `verify_curve`: the
+    target's curve already loaded (planners sharing it)."""
     from draftwise.profile import cached_profile
 
     log = log or (lambda m: print(m, file=sys.stderr))
     ks = range(1, max(max_draft, 16) + 2)  # k = 1..17 at least: one cached profile serves every D
-    verify = CostCurve.from_profile(cached_profile(runner, batch_sizes, ks, log=log))
+    verify = verify_curve or CostCurve.from_profile(cached_profile(runner, batch_sizes, ks, log=log))
     draft = None
     if not drafter.cheap:
         draft = CostCurve.from_profile(cached_profile(drafter.runner, (1,), range(1, 18), log=log))
@@ -178,6 +291,19 @@ def make_policy(num_draft_tokens: int | str, runner, drafter: Drafter | None, ba
     drafter means plain decoding whatever D says."""
     if drafter is None:
         return FixedDraftLength(0)
+    if num_draft_tokens == "auto" and drafter.name == "auto":
+        return make_choice(runner, drafter, batch_sizes=batch_sizes)
     if num_draft_tokens == "auto":
         return PlannedDraftLength(planner or make_planner(runner, drafter, batch_sizes=batch_sizes), drafter)
     return FixedDraftLength(num_draft_tokens, off_above)
+
+
+def make_choice(runner, drafter, max_draft: int = 16, batch_sizes=(1,), log=None) -> DrafterChoice:
+    """One planner per member of an AutoDrafter, on the target's one measured verify curve."""
+    first = None
+    planners = {}
+    for name, member in drafter.members.items():
+        planners[name] = p = make_planner(runner, member, max_draft, batch_sizes, log=log,
+                                          **({} if first is None else {"verify_curve": first.verify}))
+        first = first or p
+    return DrafterChoice(planners)

@@ -21,13 +21,15 @@ class Round(NamedTuple):
 class PlanStep(NamedTuple):
     """One step under `auto` (draftwise.policy.PlannedDraftLength): the D planned, tokens proposed,
     tokens the draft model caught up on, the planner's predicted and the measured ms of the step,
-    and the planner's ms of one draft step after it (its online state)."""
+    and the planner's ms of one draft step after it (its online state); under `--drafter auto`
+    the drafter verified ("none": a plain step)."""
     planned: int
     proposed: int
     behind: int
     predicted_ms: float
     measured_ms: float
     draft_step_ms: float
+    drafter: str | None = None
 
 
 @dataclass(slots=True)

@@ -69,6 +69,7 @@ class Request:
     stop: list[str] = field(default_factory=list)
     num_draft_tokens: int | None = None  # None: the policy's; an integer fixes D (0: speculation off)
     logprobs: int | None = None  # None: none; k >= 0: each token's logprob and its top k alternatives
+    private: bool = False  # its text is neither read from nor added to state shared across requests
     t0: float = field(default_factory=time.perf_counter)  # arrival; chunk times count from here
     cancelled: bool = False
 
@@ -338,6 +339,8 @@ class Scheduler:
     def _first_token(self, st: RequestState, logits: torch.Tensor | None) -> None:
         """Set the request up, prefill its prompt (unless its KV was kept), commit its first token."""
         req, p = st.req, st.req.params
+        if req.private and self.drafter is not None:
+            self.drafter.isolate(st.key)
         st.out = OutputTracker(self.tokenizer, req.max_tokens, req.stop)
         st.gen = None if p.greedy else p.generator()
         t = time.perf_counter()
@@ -443,12 +446,11 @@ class Scheduler:
         t = time.perf_counter()
         want = self.policy.ask(st, n, st.out.remaining - 1)  # the round always emits one token besides the accepted
         cand = self.drafter.propose(st.key, st.ctx, want, st.req.params, st.gen) if want > 0 else NO_DRAFT
-        d = self.policy.choose(st, n, len(cand.tokens), 1)
-        prop = cand if d == len(cand.tokens) else cand.head(d)
+        prop = self.policy.select(st, n, cand)
         dt = time.perf_counter() - t
         st.stats.draft_s += dt
         self.observer.phase("draft", dt)
-        return prop, cand.tokens[0] if cand.tokens and d == 0 else None
+        return prop, cand.tokens[0] if cand.tokens and not prop.tokens else None
 
     def _propose_model(self, batch: list[RequestState]):
         n = len(batch)

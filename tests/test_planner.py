@@ -533,7 +533,7 @@ def test_auto_logs_each_steps_plan_and_predicted_time():
     assert len(r.plans) == s.verification_rounds + s.plain_steps - 1  # every step after the prefill's token
     assert [p for _, p, _ in r.rounds] == [p for _, p, *_ in r.plans if p > 0]
     t_plain = 1e3 * (pl.verify(1) + pl.overhead_s)
-    for d, proposed, behind, pred_ms, meas_ms, draft_ms in r.plans:
+    for d, proposed, behind, pred_ms, meas_ms, draft_ms, _ in r.plans:
         assert proposed <= d and meas_ms > 0 and draft_ms == pytest.approx(1e3 * pl.draft(1), abs=0.05)
         if d == 0:
             assert (proposed, behind) == (0, 0) and pred_ms == pytest.approx(t_plain, abs=0.05)

@@ -1,5 +1,6 @@
 """The suffix drafter: exact proposals from hand-built sequences, the global trie across requests,
 privacy, the memory cap, and lossless decoding through the engine."""
+import httpx
 import pytest
 
 from draftwise.drafters.suffix import SuffixDrafter, SuffixTrie
@@ -95,3 +96,36 @@ def test_the_longer_match_wins_across_tries():
     # the request's own tokens: [3 4] -> 8 (a shorter match); the global trie's longer one wins
     assert propose(d, 2, [3, 4, 8, 7, 1, 2, 3, 4], 2)[0] == [5, 6]
     assert propose(d, 3, [3, 4, 8, 7, 0, 3, 4], 1)[0] == [8]  # only the request's own matches
+
+
+def test_server_private_requests_and_the_shared_trie_metric():
+    """Through the HTTP server: a request with "private": true leaves the global trie as it was;
+    a shared one grows it, and /metrics reports its size."""
+    import re
+
+    from draftwise.policy import FixedDraftLength
+    from draftwise.scheduler import Scheduler
+    from draftwise.server.load import Tokenizers
+    from serving import ChatChars, LiveServer, Runner
+
+    sfx = SuffixDrafter()
+
+    def build(cfg, observer):
+        tok = ChatChars()
+        return Scheduler(Runner(period=15), tok, sfx, FixedDraftLength(4), max_running=4, max_queue=cfg.max_queue,
+                         observer=observer, reserve_draft=False), Tokenizers(tok)
+
+    def nodes(srv):
+        text = httpx.get(srv.url + "/metrics").text
+        return int(float(re.search(r"^draftwise:drafter_shared_nodes\{[^}]*\} (\S+)$", text, re.M).group(1)))
+
+    srv = LiveServer(build)
+    try:
+        empty = nodes(srv)
+        body = {"model": "smollm2-135m", "prompt": "abcdabcd", "max_tokens": 12}
+        assert srv.post("/v1/completions", json=body | {"private": True}).status_code == 200
+        assert nodes(srv) == empty == sfx.memory_nodes()
+        assert srv.post("/v1/completions", json=body).status_code == 200
+        assert nodes(srv) == sfx.memory_nodes() > empty
+    finally:
+        srv.close()

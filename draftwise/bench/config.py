@@ -13,7 +13,7 @@ from draftwise.sampling import SamplingParams
 
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 SPEC_BENCH = MT_BENCH + ("translation", "summarization", "qa", "math_reasoning", "rag")
-_DRAFTERS = ("ngram", "model", "suffix")
+_DRAFTERS = ("ngram", "model", "suffix", "auto")
 _PLAN = ("configs", "workload", "n_per_category", "seed", "repeats", "warmup", "concurrency", "margins",
          "out_dir", "metrics")
 
@@ -32,8 +32,8 @@ class RunConfig:
             return [RunConfig("plain", "none")]
         kind, _, ds = text.partition(":")
         if kind not in _DRAFTERS or not ds:
-            raise ValueError(f"unknown configuration {text!r}: use plain, ngram:D, model:D, ngram:auto "
-                             "or a sweep such as ngram:2,4,8,auto")
+            raise ValueError(f"unknown configuration {text!r}: use plain, or DRAFTER:D with DRAFTER one of "
+                             f"{', '.join(_DRAFTERS)} and D an integer, auto or a sweep such as ngram:2,4,8,auto")
         try:
             values = [d if d == "auto" else int(d) for d in ds.split(",")]
         except ValueError:

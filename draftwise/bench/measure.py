@@ -131,6 +131,8 @@ class EngineTarget:
         t_group = time.perf_counter()
         with RssSampler() as rss:
             self.engine.run_batch(reqs)
+        d = self.engine.drafter
+        nodes = d.memory_nodes() if d is not None else None  # shared drafter state after the group
         out = []
         for req, rec in zip(reqs, recs):
             if rec.error is not None:
@@ -143,7 +145,7 @@ class EngineTarget:
                         "stats": r.stats.to_dict(), "rss_start_bytes": rss.start, "rss_peak_bytes": rss.peak,
                         "kv_peak_bytes": self.kv if self.kv_probe else None,
                         "draft_kv_peak_bytes": self.dkv if self.kv_probe and self.draft_runner is not None else None,
-                        "probe_s": self.probe_s / len(reqs),
+                        "probe_s": self.probe_s / len(reqs), "drafter_nodes": nodes,
                         **({"plans": [list(p) for p in r.plans]} if r.plans is not None else {})})
         return out, None
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -87,6 +87,8 @@ class Row:
     kv_peak_bytes: int | None = None
     draft_kv_peak_bytes: int | None = None
     draft_weight_bytes: int | None = None
+    drafter_nodes: int | None = None  # the drafter's state shared across requests (suffix trie) at its largest
+    drafter_rounds: dict | None = None  # --drafter auto: steps per drafter chosen ("none": plain steps)
     mismatches: int = 0
     probe_share: float | None = None  # of request time spent reading KV sizes: the harness's own cost
     cdf: dict | None = None  # scope "all": e2e_s, ttft_s, itl_s at percentiles 0..100
@@ -125,7 +127,7 @@ class Summary:
 
 
 _LAT = ("ttft", "itl", "e2e")
-_SKIP = {"per_position_acceptance", "step_ms", "cdf", *_LAT}
+_SKIP = {"per_position_acceptance", "step_ms", "cdf", "drafter_rounds", *_LAT}
 
 
 def _csv_header() -> list[str]:
@@ -192,6 +194,9 @@ def _row(scope, config, conc, recs, base, servers, describe, mism, n_boot, seed)
     growth = [r["rss_peak_bytes"] - r["rss_start_bytes"] for r in recs if r.get("rss_peak_bytes") is not None]
     row.rss_growth_bytes = max(growth) if growth else None
     row.draft_weight_bytes = describe.get("draft_weight_bytes")
+    row.drafter_nodes = top("drafter_nodes")
+    chosen = Counter(p[6] for r in recs for p in r.get("plans") or [] if len(p) > 6 and p[6] is not None)
+    row.drafter_rounds = dict(chosen) or None
     own = sum(r["e2e_s"] for r in recs)
     row.probe_share = sum(r.get("probe_s") or 0.0 for r in recs) / own if own > 0 else None
     if scope == "all":
@@ -218,6 +223,9 @@ def summarise(path: str | Path, n_boot: int = 2000, seed: int = 0) -> Summary:
     scopes = [("all", lambda r: True)]
     for f in ("category", "bucket"):
         scopes += [(f"{f}:{v}", lambda r, f=f, v=v: r[f] == v) for v in dict.fromkeys(r[f] for r in recs)]
+    repeats = sorted({r["repeat"] for r in recs})
+    if len(repeats) > 1:  # each pass over the prompts apart: a drafter that learns across requests gains
+        scopes += [(f"repeat:{v}", lambda r, v=v: r["repeat"] == v) for v in repeats]
     configs = list(dict.fromkeys(r["config"] for r in recs))
     rows = []
     for scope, keep in scopes:

@@ -17,9 +17,12 @@ class Proposal:
     confidence: list[float] | None = None  # [d] the drafter's own probability of each token, if known
     forwards: int = 0  # draft-model forwards run for it (d, or d + 1 after it dropped a token); 0: no model
     stop_confidence: float | None = None  # after an early stop: the drafter's probability of the last token it drafted
+    options: dict[str, Proposal] | None = None  # drafter auto: each member's proposal, by drafter name
 
     def head(self, d: int) -> Proposal:
         """The first d tokens of this proposal, with their probabilities and confidences."""
+        if d == len(self.tokens):
+            return self
         return Proposal(self.tokens[:d], None if self.probs is None else self.probs[:d],
                         None if self.confidence is None else self.confidence[:d])
 
@@ -64,7 +67,9 @@ class Drafter(Protocol):
     before choosing how much of it to verify; a drafter that is not cheap has a model `runner`
     and drafts for several requests in lockstep with `propose_many`. `stop` (optional, drafters
     with their own probabilities): when to stop drafting early, see StopRule. `pending` is how
-    many context tokens the drafter has not yet seen (what its next propose must catch up on)."""
+    many context tokens the drafter has not yet seen (what its next propose must catch up on).
+    `isolate(seq_key)`: the request's text is neither read from nor added to state shared across
+    requests (the suffix drafter's global trie); `memory_nodes()`: the size of that shared state."""
 
     name: str
     max_context: int | None  # most tokens the drafter can hold, None = unbounded
@@ -79,4 +84,8 @@ class Drafter(Protocol):
 
     def pending(self, seq_key: int, context: list[int]) -> int: ...
 
+    def isolate(self, seq_key: int) -> None: ...
+
     def release(self, seq_key: int) -> None: ...
+
+    def memory_nodes(self) -> int: ...

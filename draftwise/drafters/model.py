@@ -66,6 +66,12 @@ class ModelDrafter:
         st = self._seqs.get(seq_key)
         return len(context) if st is None else len(context) - _common_prefix(st.fed, context)
 
+    def isolate(self, seq_key: int) -> None:
+        pass  # nothing shared across requests
+
+    def memory_nodes(self) -> int:
+        return 0
+
     def release(self, seq_key: int) -> None:
         st = self._seqs.pop(seq_key, None)
         if st is not None:

@@ -55,5 +55,11 @@ class NgramDrafter:
     def pending(self, seq_key: int, context: list[int]) -> int:
         return 0
 
+    def isolate(self, seq_key: int) -> None:
+        pass  # nothing shared across requests
+
+    def memory_nodes(self) -> int:
+        return 0
+
     def release(self, seq_key: int) -> None:
         pass

@@ -144,6 +144,9 @@ class SuffixDrafter:
     def pending(self, seq_key: int, context: list[int]) -> int:
         return 0
 
+    def isolate(self, seq_key: int) -> None:
+        self.private.add(seq_key)
+
     def release(self, seq_key: int) -> None:
         """A request ended: its output joins the global trie (unless private), oldest evicted past the cap."""
         r = self._reqs.pop(seq_key, None)

@@ -65,6 +65,8 @@ def create_app(life: Lifecycle, cfg: ServeConfig, metrics: ServerMetrics) -> Fas
         if (sched := life.scheduler) is not None:
             metrics.queue(*sched.counts())
             metrics.held(sched.sequences_held)
+            if sched.drafter is not None:
+                metrics.drafter_state(sched.drafter.memory_nodes())
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions", responses=_ERRORS)
@@ -103,7 +105,7 @@ def create_app(life: Lifecycle, cfg: ServeConfig, metrics: ServerMetrics) -> Fas
             fmt.piece = toks.piece
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         req = Request(ids, max_tokens, params, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
-                      body.stop_list(), body.draft_tokens(), logprobs=logprobs)
+                      body.stop_list(), body.draft_tokens(), logprobs=logprobs, private=body.private)
         try:
             sched.submit(req)
         except QueueFull as e:

@@ -51,6 +51,8 @@ class ServerMetrics:
                               m + ["kind"], registry=r)
         self.held_seqs = Gauge("draftwise:sequences_held", "Target sequences open, one per running request: "
                                "more is a leak.", m, registry=r)
+        self.drafter_nodes = Gauge("draftwise:drafter_shared_nodes", "Nodes of the drafter's state shared across "
+                                   "requests (the suffix drafter's global trie), capped by eviction.", m, registry=r)
         self.forward_seqs = Histogram("draftwise:forward_sequences", "Sequences carried by one target forward.",
                                       m + ["kind"], buckets=_SEQS, registry=r)
         self.forward_tokens = Counter("draftwise:forward_tokens", "Tokens fed to target forwards.", m + ["kind"],
@@ -104,6 +106,9 @@ class ServerMetrics:
 
     def held(self, n: int) -> None:
         self.held_seqs.labels(self._m).set(n)
+
+    def drafter_state(self, nodes: int) -> None:
+        self.drafter_nodes.labels(self._m).set(nodes)
 
     def cancelled(self, req) -> None:
         self.cancelled_n.labels(self._m).inc()

@@ -61,6 +61,7 @@ class _Common(BaseModel):
     speculation: bool = True
     num_draft_tokens: Annotated[int, Field(ge=0, le=64)] | None = None
     return_token_ids: bool = False
+    private: bool = False  # suffix drafter: neither read from nor add to the trie shared across requests
 
     def unsupported(self) -> list[str]:
         """Names of OpenAI parameters set to a value draftwise does not implement."""

@@ -1,0 +1,140 @@
+"""`--drafter auto`: the composite drafter, the per-round choice among its members, greedy identity,
+and a private request through the engine."""
+import pytest
+
+from draftwise.policy import DrafterChoice
+from draftwise.drafters.auto import AutoDrafter
+from draftwise.drafters.base import Proposal
+from draftwise.drafters.model import ModelDrafter
+from draftwise.drafters.ngram import NgramDrafter
+from draftwise.drafters.suffix import SuffixDrafter
+from draftwise.engine import Engine
+from draftwise.planner import CostCurve, Planner
+from draftwise.policy import FixedDraftLength
+from draftwise.sampling import SamplingParams
+from fakes import CharTokenizer, CycleRunner
+
+PROMPT = [0, 1, 2, 3, 4, 0, 1]  # CycleRunner continues t -> (t + 1) % 5
+
+
+class Fixed:
+    """A cheap drafter that always proposes `tokens` (cut to the number asked)."""
+    max_context, cheap, runner = None, True, None
+
+    def __init__(self, name, tokens):
+        self.name, self.tokens, self.calls = name, tokens, 0
+
+    def propose(self, key, ctx, n, params, gen, stop=None):
+        self.calls += 1
+        return Proposal(self.tokens[:n])
+
+    def pending(self, key, ctx):
+        return 0
+
+    def isolate(self, key):
+        pass
+
+    def release(self, key):
+        pass
+
+    def memory_nodes(self):
+        return 7
+
+
+class Cycle(Fixed):
+    """Proposes the target's own continuation: always accepted."""
+
+    def propose(self, key, ctx, n, params, gen, stop=None):
+        self.calls += 1
+        return Proposal([(ctx[-1] + 1 + i) % 5 for i in range(n)])
+
+
+def choice(names, per_token_ms=0.5, **kw):
+    curve = CostCurve({1: [10.0 + per_token_ms * k for k in range(17)]})
+    return DrafterChoice({n: Planner(curve, None, prior=0.6, max_draft=8, online=False, **kw) for n in names})
+
+
+def test_auto_drafter_proposes_from_every_member_and_refuses_a_model():
+    d = AutoDrafter({"a": Fixed("a", [1, 2, 3]), "b": Fixed("b", [4])})
+    p = d.propose(0, [0], 2, SamplingParams(), None)
+    assert p.tokens == [] and {n: q.tokens for n, q in p.options.items()} == {"a": [1, 2], "b": [4]}
+    assert d.memory_nodes() == 14
+    with pytest.raises(ValueError, match="cheap drafters.*m is not"):
+        AutoDrafter({"m": ModelDrafter(CycleRunner())})
+    with pytest.raises(ValueError, match="at least one"):
+        AutoDrafter({})
+
+
+def test_choice_verifies_the_member_that_is_right_and_output_equals_plain():
+    plain = Engine(CycleRunner(), CharTokenizer()).generate(PROMPT, max_tokens=40)
+    right, wrong = Cycle("right", []), Fixed("wrong", [9, 9, 9, 9, 9, 9, 9, 9])
+    drafter = AutoDrafter({"wrong": wrong, "right": right})
+    r = Engine(CycleRunner(), CharTokenizer(), drafter, "auto", policy=choice(["wrong", "right"])).generate(
+        PROMPT, max_tokens=40)
+    assert r.token_ids == plain.token_ids
+    chosen = [p.drafter for p in r.plans]
+    assert chosen.count("right") >= len(chosen) - 2  # the wrong one may be tried once at most
+    assert r.stats.accepted_draft_tokens >= 30 and wrong.calls == right.calls  # both proposed every round
+
+
+def test_choice_takes_plain_steps_when_no_member_is_right_but_keeps_scoring_them():
+    a, b = Fixed("a", [9] * 8), Fixed("b", [8] * 8)
+    pol = choice(["a", "b"], per_token_ms=3.0)
+    r = Engine(CycleRunner(), CharTokenizer(), AutoDrafter({"a": a, "b": b}), "auto", policy=pol).generate(
+        PROMPT, max_tokens=30)
+    chosen = [p.drafter for p in r.plans]
+    assert chosen[-10:] == ["none"] * 10  # both learnt wrong from their shadows
+    assert pol.planners["a"].workload.alpha()[0] < 0.2 and pol.planners["b"].workload.alpha()[0] < 0.2
+
+
+def test_choice_follows_the_member_that_becomes_right():
+    """A request where member b is right only in the second half: the choice moves to it."""
+    class Half(Fixed):
+        def propose(self, key, ctx, n, params, gen, stop=None):
+            return Proposal([(ctx[-1] + 1 + i) % 5 for i in range(n)] if len(ctx) > 30 else [7] * n)
+
+    a, b = Cycle("a", []), Half("b", [])
+    a_late = Fixed("a", [9] * 8)
+
+    class Switch(Fixed):  # right early, wrong late
+        def propose(self, key, ctx, n, params, gen, stop=None):
+            return (a if len(ctx) <= 30 else a_late).propose(key, ctx, n, params, gen)
+
+    r = Engine(CycleRunner(), CharTokenizer(), AutoDrafter({"a": Switch("a", []), "b": b}), "auto",
+               policy=choice(["a", "b"])).generate(PROMPT, max_tokens=60)
+    chosen = [p.drafter for p in r.plans]
+    assert "a" in chosen[:3] and chosen[-3:] == ["b"] * 3
+
+
+def test_fixed_d_with_auto_drafter_takes_the_longest_proposal():
+    pol = FixedDraftLength(3)
+    cand = Proposal([], options={"a": Proposal([1]), "b": Proposal([4, 5, 6, 7])})
+
+    class St:
+        class req:
+            num_draft_tokens = None
+    assert pol.select(St, 1, cand).tokens == [4, 5, 6]
+
+
+def test_sampling_through_auto_is_seeded_and_within_the_vocabulary():
+    def run():  # a fresh engine: the global trie and the planners' workload start empty each time
+        drafter = AutoDrafter({"ngram": NgramDrafter(1, 3), "suffix": SuffixDrafter()})
+        eng = Engine(CycleRunner(sharp=2.0), CharTokenizer(), drafter, "auto", policy=choice(["ngram", "suffix"]))
+        return eng.generate(PROMPT, max_tokens=30, temperature=0.8, seed=3)
+    a, b = run(), run()
+    assert a.token_ids == b.token_ids and a.stats.verification_rounds > 0
+
+
+def test_a_private_request_neither_feeds_nor_reads_the_global_trie():
+    sfx = SuffixDrafter()
+    eng = Engine(CycleRunner(), CharTokenizer(), sfx, 6)
+    empty = sfx.memory_nodes()  # the root
+    eng.generate([0, 1], max_tokens=20, private=True)
+    assert sfx.memory_nodes() == empty
+    eng.generate([0, 1], max_tokens=20)
+    grown = sfx.memory_nodes()
+    assert grown > empty
+    # a private request with a fresh prompt gets nothing from the global trie on its first round
+    r = eng.generate([2], max_tokens=4, private=True)
+    assert r.stats.proposed_tokens == 0 and sfx.memory_nodes() == grown and r.token_ids == [3, 4, 0, 1]
+    assert eng.generate([2], max_tokens=4).stats.proposed_tokens > 0  # shared: it reads the trie
