@@ -82,7 +82,8 @@ def main() -> int:
            "--model-name", a.target, *a.serve_args.split()]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        for _ in range(600):  # wait for /health
+        deadline = time.monotonic() + 1800  # /health is 503 while the model and cost curves load
+        while True:
             if proc.poll() is not None:
                 raise SystemExit(f"server exited: {proc.stderr.read().decode()[-2000:]}")
             try:
@@ -91,7 +92,10 @@ def main() -> int:
                 if c.getresponse().status == 200:
                     break
             except OSError:
-                time.sleep(0.2)
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("the server did not become healthy in 30 minutes")
+            time.sleep(0.2)
         ps = psutil.Process(proc.pid)
         warm = run_load(port, a.warmup, a.concurrency, a.max_tokens, a.target)
         rss_warm = ps.memory_info().rss
