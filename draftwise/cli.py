@@ -223,6 +223,9 @@ def _bench_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--no-margins", action="store_true", help="skip the top-2 margins at output divergences")
     b.add_argument("--no-progress", action="store_true")
     b.add_argument("--report-only", action="store_true", help="summarise and report --out without running")
+    b.add_argument("--goal", default=None, metavar="CONDITIONS",
+                   help="service goal, e.g. 'itl_p95<=0.25,ttft_p99<=2,speedup>=1.05': each configuration is "
+                   "marked keep or don't keep, with the condition that decided (docs/bench.md)")
 
 
 def _endpoints(values: list[str] | None) -> dict[str, str]:
@@ -249,7 +252,7 @@ def cmd_bench(a) -> int:
                       context_edges=tuple(a.context_edges), repeats=a.repeats, warmup=a.warmup,
                       concurrency=tuple(a.concurrency), margins=not a.no_margins, out_dir=a.out,
                       endpoints=_endpoints(a.endpoint), endpoint_model=a.endpoint_model,
-                      endpoint_api=a.endpoint_api, metrics=not a.no_metrics)
+                      endpoint_api=a.endpoint_api, metrics=not a.no_metrics, goal=a.goal)
     if not a.report_only:
         try:
             run_bench(cfg, progress=not a.no_progress)
@@ -257,7 +260,7 @@ def cmd_bench(a) -> int:
             print(f"\ninterrupted: what was measured is in {a.out}; rerun the same command to resume",
                   file=sys.stderr)
             return 130
-    summary = summarise(cfg.out_dir)
+    summary = summarise(cfg.out_dir, goal=cfg.goal)
     json_path, csv_path = summary.save(cfg.out_dir)
     html_path = write_report(summary, Path(cfg.out_dir) / "report.html")
     print(check_text(summary))  # first, before any speed figure

@@ -448,3 +448,60 @@ def test_kernels_are_part_of_the_resolved_conditions():
     assert kernels(SimpleNamespace(packed="onednn", pad=())) == "onednn"
     assert kernels(SimpleNamespace(packed="off", pad=())) is None
     assert kernels(SimpleNamespace(model_path="x.gguf")) is None
+
+
+def test_cli_bench_goal_reaches_the_printed_table_and_the_summary(tmp_path, capsys):
+    from draftwise import cli
+
+    out = tmp_path / "out"
+    run_bench(config(tmp_path), engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+    assert cli.main(["bench", "--report-only", "--out", str(out), "--goal", "speedup>=0.01,mismatches<=0"]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    head = lines.index("goal: speedup>=0.01,mismatches<=0")
+    assert head < next(i for i, line in enumerate(lines) if line.startswith("config "))  # verdicts above the table
+    assert lines[head + 1].split() == ["plain", "baseline"]
+    assert lines[head + 2].startswith("  ngram:2  keep (speedup ") and "mismatches 0 ≤ 0" in lines[head + 2]
+    table = {line.split()[0]: line for line in lines if line.startswith(("plain ", "ngram:"))}
+    assert table["plain"].endswith("baseline") and table["ngram:4"].endswith(("keep", "uncertain"))
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["goal"] == "speedup>=0.01,mismatches<=0"
+    assert {r["config"]: r["verdict"]["keep"] for r in saved["rows"] if r["scope"] == "all"} == \
+        {"plain": None, "ngram:2": True, "ngram:4": True}
+    page = (out / "report.html").read_text()
+    assert page.index("Output check") < page.index("<h2>Verdict") < page.index("<h2>Results")
+
+    assert cli.main(["bench", "--report-only", "--out", str(out), "--goal", "speedup>=100"]) == 0
+    assert "ngram:4  don't keep (speedup " in capsys.readouterr().out  # judged again, nothing rerun
+    assert cli.main(["bench", "--report-only", "--out", str(out), "--goal", "latency<=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("draftwise: error: goal part 'latency<=1': unknown metric 'latency'") and "itl_p95" in err
+    assert cli.main(["bench", "--report-only", "--out", str(out)]) == 0
+    assert "goal:" not in capsys.readouterr().out and json.loads((out / "summary.json").read_text())["goal"] is None
+
+
+def test_a_goal_is_not_a_condition_of_the_measurements(tmp_path):
+    run_bench(config(tmp_path, goal="speedup>=1.1"), engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+    path = run_bench(config(tmp_path, goal="itl_p95<=1", repeats=2), engines=fake_engines(),
+                     tokenizer=CharTokenizer(), progress=False)  # resumes: judging changed, measuring did not
+    assert len(requests(path)) == 2 * 12 and "goal" not in json.loads(path.read_text().splitlines()[0])["conditions"]
+    with pytest.raises(ValueError, match="unknown metric 'speed'"):
+        config(tmp_path, goal="speed>=1.1")  # refused before anything is measured
+
+
+def test_step_time_split_as_columns_in_csv_and_html(tmp_path):
+    path = run_bench(config(tmp_path), engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+    s = summarise(path, n_boot=50)
+    _, cpath = s.save(tmp_path / "sum")
+    import csv
+    rows = list(csv.DictReader(cpath.open()))
+    ng = next(r for r in rows if r["scope"] == "all" and r["config"] == "ngram:4")
+    step = next(r for r in s.rows if r.scope == "all" and r.config == "ngram:4").step_ms
+    assert float(ng["draft_ms"]) == pytest.approx(step["draft"]) and float(ng["verify_ms"]) == pytest.approx(
+        step["verify"])
+    assert float(ng["other_ms"]) == pytest.approx(step["other"])
+    assert float(ng["prefill_ms"]) == pytest.approx(step["prefill_per_request"]) and int(ng["steps"]) == step["steps"]
+    assert ng["verdict"] == ""  # no goal
+    page = write_report(s, tmp_path / "report.html").read_text()
+    assert "<th>draft ms/step</th><th>verify ms/step</th><th>other ms/step</th>" in page
+    assert f"<td>{step['verify']:.2f}</td>" in page and "&quot;prefill_per_request&quot;" not in page

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from draftwise.bench.goal import parse_goal
 from draftwise.build import EngineSpec, ModelFields, resolve_kernels
 from draftwise.prompts import Prompt, load_workload, sample, spec_bench
 from draftwise.sampling import SamplingParams
@@ -16,6 +17,7 @@ SPEC_BENCH = MT_BENCH + ("translation", "summarization", "qa", "math_reasoning",
 _DRAFTERS = ("ngram", "model", "suffix", "auto")
 _PLAN = ("configs", "workload", "n_per_category", "seed", "repeats", "warmup", "concurrency", "margins",
          "out_dir", "metrics")
+_JUDGING = ("goal",)  # how results are judged, not how they are measured: free to change between runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +81,8 @@ class BenchConfig(ModelFields):
     endpoint_model: str | None = None  # the request's "model" field; None: the server's first
     endpoint_api: str = "tokens"  # tokens: /v1/completions with token ids | chat: messages
     metrics: bool = True  # read Prometheus spec-decode counters around each request group
+    # judging
+    goal: str | None = None  # service goal, e.g. "itl_p95<=0.25,speedup>=1.05" (draftwise/bench/goal.py)
 
     def __post_init__(self) -> None:
         SamplingParams(self.temperature, self.top_p, self.top_k, self.sample_seed)
@@ -97,6 +101,8 @@ class BenchConfig(ModelFields):
             raise ValueError(f"context_edges must be increasing positive token counts, got {self.context_edges}")
         if self.endpoint_api not in ("tokens", "chat"):
             raise ValueError(f"endpoint_api must be 'tokens' or 'chat', got {self.endpoint_api!r}")
+        if self.goal is not None:
+            parse_goal(self.goal)  # before any measuring
         self.configs, self.concurrency = tuple(self.configs), tuple(self.concurrency)
         self.context_edges = tuple(self.context_edges)
         if self.endpoints:
@@ -121,7 +127,7 @@ class BenchConfig(ModelFields):
     def conditions(self) -> dict:
         """What every configuration shares, stored with the results; a resumed run must match."""
         d = asdict(self)
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items() if k not in _PLAN}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items() if k not in _PLAN + _JUDGING}
 
     def plan(self) -> dict:
         """What is run: may grow between sessions of one results directory (more repeats, more

@@ -1,10 +1,26 @@
-"""The report's plots, as base64 PNGs (matplotlib, the `bench` extra)."""
+"""The report's plots, as base64 PNGs (matplotlib, the `bench` extra). A configuration has one
+colour in every plot (config_colours); categories and time parts are drawn in other palettes."""
 from __future__ import annotations
 
 import base64
 import io
 
 from draftwise.bench.summary import Row, Summary
+
+# matplotlib's tab10, then the lighter halves of tab20's pairs: 20 colours before any repeats
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7",
+           "#dbdb8d", "#9edae5")
+# colour means configuration; what is not one (time parts, categories) is drawn in grey
+_PARTS = {"draft": "#4d4d4d", "verify": "#969696", "other": "#d9d9d9"}
+_GREYS = ("#555555", "#8c8c8c", "#b3b3b3")
+_MARKERS = "sv^D<>pP*Xhd8H"
+
+
+def config_colours(s: Summary) -> dict[str, str]:
+    """Configuration name -> colour, in the order configurations first appear in the summary."""
+    names = dict.fromkeys(r.config for r in s.rows)
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
 
 
 def break_even(points: list[tuple[int, float]]) -> float | None:
@@ -47,6 +63,7 @@ def figures(s: Summary) -> list[tuple[str, str]]:
         import matplotlib.pyplot as plt
     except ImportError:
         return []
+    colours = config_colours(s)
     c1 = min(r.concurrency for r in s.rows)
     base = [r for r in s.rows if r.concurrency == c1]
     alls = [r for r in base if r.scope == "all"]
@@ -57,7 +74,7 @@ def figures(s: Summary) -> list[tuple[str, str]]:
                               ("Time split per round", _time_split, alls),
                               ("Speedup vs concurrency (break-even marked where concurrency was real)",
                                _concurrency, [r for r in s.rows if r.scope == "all" and r.config != s.baseline])):
-        fig = make(rows, plt)
+        fig = make(rows, plt, colours)
         if fig is not None:
             out.append((title, _png(fig)))
     return out
@@ -68,20 +85,27 @@ def _of_kind(rows: list[Row], kind: str) -> list[Row]:
                   key=lambda r: draft_length(r.config)[1])
 
 
-def _speedup_vs_d(rows: list[Row], plt):
-    """One panel per drafter, one line per category (bold: all prompts), D on the x axis."""
+def _speedup_vs_d(rows: list[Row], plt, colours: dict[str, str]):
+    """One panel per drafter, one grey dashed line per category (told apart by marker), all prompts
+    in bold black with each configuration's point in its colour; D on the x axis."""
     kinds = sorted({draft_length(r.config)[0] for r in rows if draft_length(r.config)})
     if not kinds:
         return None
     fig, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
-        for scope in dict.fromkeys(r.scope for r in rows if not r.scope.startswith("bucket:")):
+        scopes = [sc for sc in dict.fromkeys(r.scope for r in rows) if not sc.startswith("bucket:") and sc != "all"]
+        for i, scope in enumerate(scopes + ["all"]):
             pts = [r for r in _of_kind(rows, kind) if r.scope == scope and r.speedup is not None]
             ds = [draft_length(r.config)[1] for r in pts]
-            line = ax.plot(ds, [r.speedup for r in pts], marker="o", label=scope,
-                           linewidth=2.5 if scope == "all" else 1)
+            colour = "black" if scope == "all" else _GREYS[i % len(_GREYS)]
+            ax.plot(ds, [r.speedup for r in pts], label=scope, color=colour, zorder=3 if scope == "all" else 2,
+                    linewidth=2.5 if scope == "all" else 1, linestyle="-" if scope == "all" else "--",
+                    marker=None if scope == "all" else _MARKERS[i % len(_MARKERS)], markersize=4)
             for d, r in zip(ds, pts):
-                ax.errorbar([d], [r.speedup], yerr=_err(r), fmt="none", ecolor=line[0].get_color(), alpha=0.6)
+                ax.errorbar([d], [r.speedup], yerr=_err(r), fmt="none", ecolor=colour, alpha=0.6)
+                if scope == "all":
+                    ax.plot([d], [r.speedup], marker="o", markersize=8, color=colours[r.config], zorder=4,
+                            linestyle="none", label=r.config)
         ax.axhline(1.0, color="black", linestyle=":")
         ax.set_xticks(sorted({draft_length(r.config)[1] for r in _of_kind(rows, kind)}))
         ax.set(title=f"{kind}: speedup vs D (95% CI)", xlabel="draft length D", ylabel="speedup ×")
@@ -89,32 +113,34 @@ def _speedup_vs_d(rows: list[Row], plt):
     return fig
 
 
-def _cdfs(rows: list[Row], plt):
+def _cdfs(rows: list[Row], plt, colours: dict[str, str]):
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, key, name in zip(axes, ("ttft_s", "itl_s", "e2e_s"), ("TTFT", "inter-token latency", "end-to-end")):
         for r in rows:
             xs = [1000 * x for x in (r.cdf or {}).get(key, []) if x is not None]
-            ax.plot(xs, [q / 100 for q in range(len(xs))], label=r.config)
+            ax.plot(xs, [q / 100 for q in range(len(xs))], label=r.config, color=colours[r.config])
         ax.set(title=f"{name} CDF", xlabel="ms",
                ylabel="fraction of gaps" if key == "itl_s" else "fraction of requests")
         ax.legend(fontsize=7)
     return fig
 
 
-def _per_position(rows: list[Row], plt):
+def _per_position(rows: list[Row], plt, colours: dict[str, str]):
     rows = [r for r in rows if r.per_position_acceptance]
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
-        ax.plot(range(1, len(r.per_position_acceptance) + 1), r.per_position_acceptance, marker="o", label=r.config)
+        ax.plot(range(1, len(r.per_position_acceptance) + 1), r.per_position_acceptance, marker="o", label=r.config,
+                color=colours[r.config])
     ax.set(title="Acceptance per draft position", xlabel="draft position", ylabel="acceptance", ylim=(0, 1.05))
     ax.legend(fontsize=7)
     return fig
 
 
-def _time_split(rows: list[Row], plt):
-    """Mean milliseconds per target step after prefill, stacked: draft, verify, other."""
+def _time_split(rows: list[Row], plt, colours: dict[str, str]):
+    """Mean milliseconds per target step after prefill, stacked: draft, verify, other (greys); each
+    configuration's label in its colour."""
     rows = [r for r in rows if r.step_ms and r.step_ms.get("verify") is not None]
     if not rows:
         return None
@@ -122,14 +148,17 @@ def _time_split(rows: list[Row], plt):
     bottom = [0.0] * len(rows)
     for part in ("draft", "verify", "other"):
         vals = [r.step_ms[part] or 0.0 for r in rows]
-        ax.bar([r.config for r in rows], vals, bottom=bottom, label=part)
+        ax.bar(range(len(rows)), vals, bottom=bottom, label=part, color=_PARTS[part], edgecolor="black")
         bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_xticks(range(len(rows)))
+    for label, r in zip(ax.set_xticklabels([r.config for r in rows]), rows):
+        label.set_color(colours[r.config])
     ax.set(title="Time per target step (after prefill)", ylabel="ms")
     ax.legend(fontsize=7)
     return fig
 
 
-def _concurrency(rows: list[Row], plt):
+def _concurrency(rows: list[Row], plt, colours: dict[str, str]):
     """Speedup per concurrency level; break-even only from rows measured with real concurrency."""
     rows = [r for r in rows if r.speedup is not None]
     if len({r.concurrency for r in rows}) < 2:
@@ -140,13 +169,13 @@ def _concurrency(rows: list[Row], plt):
         pts = sorted((r for r in rows if r.config == config), key=lambda r: r.concurrency)
         seq = any(r.sequential for r in pts)
         ax.plot([r.concurrency for r in pts], [r.speedup for r in pts], marker="o", linestyle="--" if seq else "-",
-                label=config + (" (sequential)" if seq else ""))
+                label=config + (" (sequential)" if seq else ""), color=colours[config])
         if seq:
             notes.append(f"{config}: sequential, no break-even")
             continue
         be = break_even([(r.concurrency, r.speedup) for r in pts])
         if be is not None:
-            ax.axvline(be, linestyle="--", color=ax.lines[-1].get_color())
+            ax.axvline(be, linestyle="--", color=colours[config])
             ax.annotate(f"break-even {be:.1f}", (be, 1.0), fontsize=8)
     ax.axhline(1.0, color="black", linestyle=":")
     levels = sorted({r.concurrency for r in rows})

@@ -1,5 +1,6 @@
 """Reports of a Summary: a text table for the terminal, and one self-contained HTML file (plots as
-embedded PNGs). Output mismatches come first, before any speed figure, and are never folded away."""
+embedded PNGs). Output mismatches come first, before any speed figure, and are never folded away;
+with a service goal, the verdict per configuration comes next."""
 from __future__ import annotations
 
 import html
@@ -28,24 +29,50 @@ def speedup_text(r: Row, baseline: str) -> str:
     return f"{r.speedup:.2f}× [{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]{noise}"
 
 
-def _cells(r: Row, baseline: str) -> list[str]:
+def _cols(s: Summary) -> tuple[str, ...]:
+    return _COLS + (("verdict",) if s.goal is not None else ())
+
+
+def _cells(r: Row, s: Summary) -> list[str]:
     mb = None if r.rss_growth_bytes is None else r.rss_growth_bytes / 2**20
     return [r.config, f"{r.concurrency}{'*' if r.sequential else ''}", str(r.requests),
-            _f(r.tokens_per_s, "{:.2f}"), _f(r.ms_per_token, "{:.1f}"), speedup_text(r, baseline),
+            _f(r.tokens_per_s, "{:.2f}"), _f(r.ms_per_token, "{:.1f}"), speedup_text(r, s.baseline),
             _f(r.predicted_speedup, "{:.2f}×"),
             _f(r.acceptance_rate, "{:.3f}"), _f(r.acceptance_length, "{:.2f}"),
             _f(r.ttft.p50 and 1000 * r.ttft.p50, "{:.0f}"), _f(r.itl.p50 and 1000 * r.itl.p50, "{:.1f}"),
-            _f(r.e2e.p95, "{:.2f}"), _f(mb, "{:.0f}"), str(r.mismatches)]
+            _f(r.e2e.p95, "{:.2f}"), _f(mb, "{:.0f}"), str(r.mismatches)] + \
+        ([r.verdict.short if r.verdict else "-"] if s.goal is not None else [])
+
+
+def verdicts(s: Summary, scope: str = "all") -> list[tuple[str, str]]:
+    """(configuration, verdict text) per row of the scope; the concurrency is named when several were run."""
+    rows = [r for r in s.rows if r.scope == scope and r.verdict is not None]
+    several = len({r.concurrency for r in rows}) > 1
+    return [(r.config + (f" @ concurrency {r.concurrency}" if several else ""), r.verdict.text) for r in rows]
+
+
+def verdict_text(s: Summary, scope: str = "all") -> str:
+    """The goal and one verdict line per configuration; empty without a goal."""
+    if s.goal is None:
+        return ""
+    pairs = verdicts(s, scope)
+    width = max((len(name) for name, _ in pairs), default=0)
+    return "\n".join([f"goal: {s.goal}"] + [f"  {name.ljust(width)}  {text}" for name, text in pairs])
 
 
 def format_table(s: Summary, scope: str = "all") -> str:
-    rows = [_COLS] + [_cells(r, s.baseline) for r in s.rows if r.scope == scope]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLS))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
+    """The verdicts against the goal (if any), then one row per configuration and concurrency."""
+    cols = _cols(s)
+    rows = [cols] + [_cells(r, s) for r in s.rows if r.scope == scope]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
+    left = {0, len(_COLS)}  # names and verdicts read from the left
+    lines = ["  ".join(c.ljust(w) if i in left else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
     lines.insert(1, "-" * len(lines[0]))
     if any(r.sequential for r in s.rows if r.scope == scope):
         lines.append("* sequential: these requests ran one after another (rows recorded by an older, unbatched harness)")
-    return "\n".join(lines)
+    head = verdict_text(s, scope)
+    return "\n".join(([head, ""] if head else []) + lines)
 
 
 def check_text(s: Summary) -> str:
@@ -105,23 +132,41 @@ def _conditions_section(s: Summary) -> str:
     return "".join(out)
 
 
+def _verdict_section(s: Summary) -> str:
+    if s.goal is None:
+        return ""
+    rows = [[name, text] for name, text in verdicts(s)]
+    return (f"<h2>Verdict</h2><p>Service goal: <code>{html.escape(s.goal)}</code>. Keep a configuration only if "
+            "it meets every condition (all prompts); the first condition missed decides. Speedup is judged by "
+            "its point estimate; a caveat says when its 95% interval reaches past the bound.</p>"
+            + _table(["configuration", "verdict"], rows))
+
+
+def _step_cells(r: Row) -> list[str]:
+    st = r.step_ms or {}
+    return [_f(st.get("steps"), "{}"), _f(st.get("prefill_per_request"), "{:.1f}"),
+            *(_f(st.get(k), "{:.2f}") for k in ("draft", "verify", "other"))]
+
+
 def _results_section(s: Summary) -> str:
     out = ["<h2>Results</h2><p>Latencies from submission; speedup = baseline ms per emitted token ÷ the "
            "configuration's, with a bootstrap 95% interval over prompts (≈noise: the interval holds 1). "
            "RSS+ = most resident memory one request added while it ran. * = sequential.</p>"]
     for scope in dict.fromkeys(r.scope for r in s.rows):
-        cells = [_cells(r, s.baseline) for r in s.rows if r.scope == scope]
-        out += [f"<h3>{html.escape(scope)}</h3>", _table(list(_COLS), cells)]
+        cells = [_cells(r, s) for r in s.rows if r.scope == scope]
+        out += [f"<h3>{html.escape(scope)}</h3>", _table(list(_cols(s)), cells)]
     extra = [[r.config, r.concurrency, json.dumps([round(a, 3) for a in r.per_position_acceptance]),
-              json.dumps({k: v if not isinstance(v, float) else round(v, 2) for k, v in (r.step_ms or {}).items()}),
-              _f(r.kv_peak_bytes and r.kv_peak_bytes / 2**20, "{:.1f}"),
+              *_step_cells(r), _f(r.kv_peak_bytes and r.kv_peak_bytes / 2**20, "{:.1f}"),
               _f(r.draft_kv_peak_bytes and r.draft_kv_peak_bytes / 2**20, "{:.1f}"),
               _f(r.draft_weight_bytes and r.draft_weight_bytes / 2**20, "{:.0f}"),
               _f(r.rss_peak_bytes and r.rss_peak_bytes / 2**20, "{:.0f}")]
              for r in s.rows if r.scope == "all"]
     out += ["<h3>Speculation and memory (all prompts)</h3>",
-            _table(["config", "conc", "per-position acceptance", "ms per step", "KV peak MB", "draft KV MB",
-                    "draft weights MB", "RSS peak MB"], extra)]
+            "<p>Per target step after prefill (verification rounds and plain steps): mean ms drafting, "
+            "verifying and other; prefill in ms per request.</p>",
+            _table(["config", "conc", "per-position acceptance", "steps", "prefill ms/request", "draft ms/step",
+                    "verify ms/step", "other ms/step", "KV peak MB", "draft KV MB", "draft weights MB",
+                    "RSS peak MB"], extra)]
     return "".join(out)
 
 
@@ -131,13 +176,13 @@ _CSS = ("body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-c
 
 
 def write_report(summary: Summary, path: str | Path) -> Path:
-    """One HTML file with everything embedded; the mismatch section comes first."""
+    """One HTML file with everything embedded; the mismatch section comes first, the verdicts next."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     figs = "".join(f"<h3>{html.escape(title)}</h3><img src=\"data:image/png;base64,{png}\"/>"
                    for title, png in figures(summary))
     body = (f"<h1>draftwise bench: {html.escape(str(summary.conditions.get('target')))}</h1>"
-            + _check_section(summary) + _results_section(summary) + "<h2>Plots</h2>" + figs
+            + _check_section(summary) + _verdict_section(summary) + _results_section(summary) + "<h2>Plots</h2>" + figs
             + _conditions_section(summary))
     p.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>draftwise bench</title>"
                  f"<style>{_CSS}</style></head><body>{body}</body></html>", encoding="utf-8")

@@ -8,6 +8,7 @@ waits for others in a sequential group counts its wait (queue_s; 0 at concurrenc
   the difference is inside the noise.
 - tokens_per_s = emitted tokens / elapsed time of their groups (throughput).
 - acceptance rate, AL, per-position acceptance, time split: from the summed SpecStats.
+- verdict: keep or not, against a service goal when one is given (draftwise/bench/goal.py).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from draftwise.bench.check import Mismatch, find_mismatches
+from draftwise.bench.goal import Verdict, judge, parse_goal
 from draftwise.bench.results import Results
 from draftwise.stats import SpecStats, aggregate
 
@@ -92,6 +94,7 @@ class Row:
     mismatches: int = 0
     probe_share: float | None = None  # of request time spent reading KV sizes: the harness's own cost
     cdf: dict | None = None  # scope "all": e2e_s, ttft_s, itl_s at percentiles 0..100
+    verdict: Verdict | None = None  # against the service goal, when one is given
 
     @property
     def in_noise(self) -> bool | None:
@@ -107,10 +110,11 @@ class Summary:
     checked: int | None  # outputs compared with the baseline's; None when not greedy
     mismatches: list[Mismatch]
     rows: list[Row]
+    goal: str | None = None  # the service goal the rows' verdicts answer
 
     def to_dict(self) -> dict:
         return {"conditions": self.conditions, "resolved": self.resolved, "sessions": self.sessions,
-                "baseline": self.baseline, "checked": self.checked,
+                "baseline": self.baseline, "checked": self.checked, "goal": self.goal,
                 "mismatches": [m.to_dict() for m in self.mismatches],
                 "rows": [asdict(r) | {"in_noise": r.in_noise} for r in self.rows]}
 
@@ -127,17 +131,21 @@ class Summary:
 
 
 _LAT = ("ttft", "itl", "e2e")
-_SKIP = {"per_position_acceptance", "step_ms", "cdf", "drafter_rounds", *_LAT}
+_SKIP = {"per_position_acceptance", "step_ms", "cdf", "drafter_rounds", "verdict", *_LAT}
+_STEP = ("steps", "prefill_per_request", "draft", "verify", "other")  # step_ms keys, in CSV order
+_STEP_CSV = ("steps", "prefill_ms", "draft_ms", "verify_ms", "other_ms")
 
 
 def _csv_header() -> list[str]:
     return ([f.name for f in fields(Row) if f.name not in _SKIP]
-            + [f"{k}_{s}_s" for k in _LAT for s in ("mean", "p50", "p95", "p99")] + ["in_noise"])
+            + [f"{k}_{s}_s" for k in _LAT for s in ("mean", "p50", "p95", "p99")] + ["in_noise"]
+            + list(_STEP_CSV) + ["verdict"])
 
 
 def _csv_row(r: Row) -> list:
     return ([getattr(r, f.name) for f in fields(Row) if f.name not in _SKIP]
-            + [getattr(getattr(r, k), s) for k in _LAT for s in ("mean", "p50", "p95", "p99")] + [r.in_noise])
+            + [getattr(getattr(r, k), s) for k in _LAT for s in ("mean", "p50", "p95", "p99")] + [r.in_noise]
+            + [(r.step_ms or {}).get(k) for k in _STEP] + [r.verdict and r.verdict.text])
 
 
 def _spec_stats(d: dict) -> SpecStats:
@@ -207,8 +215,10 @@ def _row(scope, config, conc, recs, base, servers, describe, mism, n_boot, seed)
     return row
 
 
-def summarise(path: str | Path, n_boot: int = 2000, seed: int = 0) -> Summary:
-    """Aggregate a results file (or its directory) measured by run_bench."""
+def summarise(path: str | Path, n_boot: int = 2000, seed: int = 0, goal: str | None = None) -> Summary:
+    """Aggregate a results file (or its directory) measured by run_bench; with a service goal
+    (draftwise.bench.goal), each row also gets its verdict."""
+    judged_by = parse_goal(goal) if goal is not None else None  # a malformed goal fails before the work
     res = Results.load(path)
     if res.meta is None or not res.requests:
         raise ValueError(f"{path}: no benchmark results")
@@ -242,4 +252,7 @@ def summarise(path: str | Path, n_boot: int = 2000, seed: int = 0) -> Summary:
                 n_mism = sum(1 for m in mism if m.config == config and m.concurrency == conc and m.prompt_id in ids)
                 rows.append(_row(scope, config, conc, mine, base, srv, describe.get(config, {}), n_mism,
                                  n_boot, seed))
-    return Summary(cond, res.meta.get("resolved", {}), res.sessions, baseline, checked, mism, rows)
+    if judged_by is not None:
+        for r in rows:
+            r.verdict = judge(r, judged_by, baseline, mismatches_checked=checked is not None)
+    return Summary(cond, res.meta.get("resolved", {}), res.sessions, baseline, checked, mism, rows, goal)
