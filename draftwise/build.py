@@ -2,6 +2,7 @@
 check and the draft-length policy; then an Engine (one request at a time) or a Scheduler (many)."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from draftwise.drafters.auto import AutoDrafter
@@ -17,17 +18,20 @@ from draftwise.scheduler import Scheduler
 
 DRAFTERS = ("none", "model", "ngram", "suffix", "auto")
 AUTO_MEMBERS = ("ngram", "suffix")  # what --drafter auto chooses among, with none
-# llama.cpp's CPU kernels. "repacked" (its extra buffer types, as llama_cpp.Llama loads) makes
-# one-token forwards faster and multi-token verification slower than "standard"; neither is
-# batch-invariant (a near-tie can flip between a one-token and a batched forward). "auto":
-# repacked for plain decoding, standard when a drafter verifies (docs/usage.md has the figures).
+# llama.cpp's CPU kernels. "repacked" (its extra buffer types, as llama_cpp.Llama loads) steps one
+# token faster than "standard" and processes a long prompt slower; which verifies several tokens
+# faster depends on the CPU. Neither is batch-invariant (a near-tie can flip between a one-token and
+# a batched forward). "auto": repacked for plain decoding; when a drafter verifies, the kernels whose
+# measured forward curve is cheaper (faster_kernels; docs/usage.md has the figures).
 KERNELS = ("auto", "repacked", "standard")
+KERNEL_KS = range(1, 9)  # forward widths auto compares kernels on: a plain step and rounds of D <= 7
 
 
 def resolve_kernels(kernels: str, drafting: bool) -> str:
-    if kernels != "auto":
+    """The kernels a spec asks for: "auto" stays "auto" when drafting (measured at load)."""
+    if kernels != "auto" or drafting:
         return kernels
-    return "standard" if drafting else "repacked"
+    return "repacked"
 
 
 class VocabularyMismatch(ValueError):
@@ -45,12 +49,15 @@ class ModelFields:
     max_context: int | None = None  # tokens per sequence
     ngram_min: int = 2
     ngram_max: int = 4
+    suffix_max_nodes: int = 200_000  # the suffix drafter's trie over recent outputs, ~270 bytes a node
     n_batch: int | None = None  # llama.cpp only: tokens per decode call
     kernels: str = "auto"  # llama.cpp only: "repacked" | "standard" | "auto" (resolve_kernels)
 
     def check_models(self) -> None:
         if self.n_batch is not None and self.n_batch < 1:
             raise ValueError(f"n_batch must be >= 1, got {self.n_batch}")
+        if self.suffix_max_nodes < 1:
+            raise ValueError(f"suffix_max_nodes must be >= 1, got {self.suffix_max_nodes}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(f"n-gram sizes need 1 <= min <= max, got {self.ngram_min}, {self.ngram_max}")
         if self.threads is not None and self.threads < 1:
@@ -92,9 +99,36 @@ def check_vocabularies(target_tok, draft_tok, target_name: str, draft_name: str)
             "target's tokenizer (use --drafter ngram, or a draft from the same family)")
 
 
-def load_target(spec: EngineSpec):
-    """(runner, tokenizer) of the spec's target."""
+def load_target(spec: EngineSpec, log=None):
+    """(runner, tokenizer) of the spec's target. Kernels "auto" on llama.cpp with a drafter are
+    settled here (faster_kernels) and written back to spec.kernels."""
+    if spec.backend == "llama.cpp" and spec.kernels == "auto":
+        spec.kernels, loaded = faster_kernels(spec, log)
+        return loaded
     return load_runner(spec.target, spec.backend, spec.threads, spec.max_context, **_backend_kw(spec.backend, spec))
+
+
+def faster_kernels(spec: EngineSpec, log=None) -> tuple[str, tuple]:
+    """(kernels, the target's (runner, tokenizer) loaded with them): of llama.cpp's standard and
+    repacked kernels, those whose one-sequence forwards of k = 1..8 tokens (KERNEL_KS: what decoding
+    with a drafter runs) take less time in total, from each one's forward-cost curve, measured once
+    per machine and cached like the planner's (draftwise.profile.cached_profile). Prompt processing
+    is not compared: repacked kernels take longer over a long prompt (TTFT; docs/usage.md)."""
+    from draftwise.profile import cached_profile
+
+    log = log or (lambda m: print(m, file=sys.stderr))
+    best = None
+    for kernels in ("standard", "repacked"):
+        loaded = load_runner(spec.target, "llama.cpp", spec.threads, spec.max_context,
+                             **_backend_kw("llama.cpp", spec, kernels=kernels))
+        prof = cached_profile(loaded[0], (1,), range(1, 18), log=log)
+        ms = {r["k"]: r["ms_median"] for r in prof.rows if r["batch"] == 1}
+        cost = sum(ms[k] for k in KERNEL_KS)
+        if best is None or cost < best[0]:
+            loaded, best = (best[2] if best else None), (cost, kernels, loaded)
+        if loaded is not None:
+            loaded[0].close()  # the slower kernels' runner
+    return best[1], best[2]
 
 
 def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_runner=None):
@@ -106,7 +140,7 @@ def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_run
     if kind == "ngram":
         return NgramDrafter(spec.ngram_min, spec.ngram_max)
     if kind == "suffix":
-        return SuffixDrafter()
+        return SuffixDrafter(max_nodes=spec.suffix_max_nodes)
     if kind != "model":
         return None
     if draft_runner is None:
@@ -138,10 +172,10 @@ def build_scheduler(spec: EngineSpec, observer=None, max_queue: int = 64, spec_o
                      **scheduler_kw), tok
 
 
-def _backend_kw(backend: str, spec: EngineSpec, draft: bool = False) -> dict:
+def _backend_kw(backend: str, spec: EngineSpec, draft: bool = False, kernels: str | None = None) -> dict:
     if backend == "torch":  # a draft model steps one token at a time: oneDNN where faster, else plain sgemm
         return {"pack": "single"} if draft else {}
     if backend != "llama.cpp":
         return {}
-    return {"fast_kernels": spec.kernels == "repacked", "n_seq_max": spec.max_running,
+    return {"fast_kernels": (kernels or spec.kernels) == "repacked", "n_seq_max": spec.max_running,
             **({"n_batch": spec.n_batch} if spec.n_batch else {})}

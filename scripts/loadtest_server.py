@@ -5,6 +5,9 @@ reads its resident memory, runs the load, reads it again. Passes when no request
 resident memory after the run is within 5% of after warm-up. Half the requests stream.
 
     .venv/bin/python scripts/loadtest_server.py [--requests 500] [--concurrency 16] [--max-tokens 32]
+
+With the suffix drafter it also reports the size of its shared trie (`draftwise:drafter_shared_nodes`)
+at its peak during the run and after it, against the cap (`--suffix-max-nodes`).
 """
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ import http.client
 import json
 import socket
 import subprocess
+import re
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -65,6 +70,29 @@ def run_load(port: int, n: int, conc: int, max_tokens: int, model: str, start: i
             "requests_per_s": round(n / wall, 2)}
 
 
+def metric(port: int, name: str) -> float | None:
+    """A gauge's value from the server's /metrics (None if absent)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/metrics")
+    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", c.getresponse().read().decode(), re.M)
+    return None if m is None else float(m.group(1))
+
+
+class Sampler(threading.Thread):
+    """The largest value of a gauge while the load runs, read every `every` seconds."""
+
+    def __init__(self, port: int, name: str, every: float = 2.0):
+        super().__init__(daemon=True)
+        self.port, self.name, self.every, self.peak = port, name, every, None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(self.every):
+            v = metric(self.port, self.name)
+            if v is not None:
+                self.peak = v if self.peak is None else max(self.peak, v)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=500)
@@ -99,8 +127,12 @@ def main() -> int:
         ps = psutil.Process(proc.pid)
         warm = run_load(port, a.warmup, a.concurrency, a.max_tokens, a.target)
         rss_warm = ps.memory_info().rss
+        nodes = Sampler(port, "draftwise:drafter_shared_nodes")
+        nodes.start()
         load = run_load(port, a.requests, a.concurrency, a.max_tokens, a.target, start=a.warmup)
+        nodes.done.set()
         rss_after = ps.memory_info().rss
+        shared = {"peak": nodes.peak, "after_run": metric(port, "draftwise:drafter_shared_nodes")}
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         c.request("GET", "/health")
         health = json.loads(c.getresponse().read())
@@ -111,7 +143,7 @@ def main() -> int:
     out = {"command": " ".join(cmd[1:]), "warmup": warm, "load": load, "concurrency": a.concurrency,
            "max_tokens": a.max_tokens, "rss_after_warmup_mb": round(rss_warm / 2**20, 1),
            "rss_after_run_mb": round(rss_after / 2**20, 1), "rss_growth": round(growth, 4),
-           "idle_after_run": health, "pass": load["failed"] == 0 and abs(growth) <= 0.05}
+           "idle_after_run": health, "drafter_shared_nodes": shared, "pass": load["failed"] == 0 and abs(growth) <= 0.05}
     print(json.dumps(out, indent=1))
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

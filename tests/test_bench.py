@@ -326,7 +326,7 @@ def test_summary_metrics_per_configuration_category_and_bucket(tmp_path):
     path = run_bench(config(tmp_path, repeats=2), engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
     s = summarise(path, n_boot=200)
     scopes = {r.scope for r in s.rows}
-    assert scopes == {"all", "category:even", "category:odd", "bucket:<8", "bucket:>=8"}
+    assert scopes == {"all", "category:even", "category:odd", "bucket:<8", "bucket:>=8", "repeat:0", "repeat:1"}
     rows = {r.config: r for r in s.rows if r.scope == "all"}
     assert set(rows) == {"plain", "ngram:2", "ngram:4"}
     plain, ng = rows["plain"], rows["ngram:4"]
@@ -356,6 +356,9 @@ class SevenDrafter:
         return Proposal([7] * n)
 
     def pending(self, key, ctx):
+        return 0
+
+    def memory_nodes(self):
         return 0
 
     def release(self, key):

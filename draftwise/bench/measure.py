@@ -73,7 +73,10 @@ def precision(runner) -> str:
 
 
 def kernels(runner) -> str | None:
-    """A torch runner's linear kernels (packed_linear's mode, and how oneDNN pads short calls)."""
+    """A torch runner's linear kernels (packed_linear's mode, and how oneDNN pads short calls), or
+    llama.cpp's (repacked or standard)."""
+    if getattr(runner, "backend", None) == "llama.cpp":
+        return "repacked" if runner.fast_kernels else "standard"
     mode = getattr(runner, "packed", None)
     if not mode or mode == "off":
         return None
