@@ -34,7 +34,7 @@ def commands(a: argparse.Namespace) -> tuple[dict[str, list[str]], list[str]]:
               "--max-running", "16", "--max-context", str(a.max_context),
               "--host", "127.0.0.1"]
     names = {c: c if c in ("plain", "auto") else f"D{c}" for c in a.configs}
-    servers = {names[c]: CLI + common + server_flags(c, a.drafter) + ["--port", str(a.port + i)]
+    servers = {names[c]: CLI + common + server_flags(c, a.drafter) + a.serve_args.split() + ["--port", str(a.port + i)]
                for i, c in enumerate(a.configs)}
     endpoints = [x for i, c in enumerate(a.configs) for x in ("--endpoint", f"{names[c]}=http://127.0.0.1:{a.port + i}/v1")]
     bench = CLI + ["bench", *endpoints, "--baseline", names[a.configs[0]],
@@ -63,6 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--configs", nargs="+", default=["plain", "auto", "4"],
                     help="one server each: plain, auto or an integer D; the first is the baseline")
     ap.add_argument("--drafter", default="ngram")
+    ap.add_argument("--serve-args", default="", help="more draftwise serve options, for every server")
     ap.add_argument("--workload", default="editeval,writing")
     ap.add_argument("--n", type=int, default=8, help="prompts per category")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -85,9 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         for cmd in (*servers.values(), bench):
             print(shlex.join(cmd))
         return 0
-    procs = [subprocess.Popen(cmd) for cmd in servers.values()]
+    procs = []
     try:
-        for i in range(len(servers)):
+        for i, cmd in enumerate(servers.values()):  # one at a time: cost curves measured on a quiet machine
+            procs.append(subprocess.Popen(cmd))
             wait_healthy(a.port + i, a.health_timeout)
         return subprocess.run(bench).returncode
     finally:

@@ -162,14 +162,19 @@ def test_gpu_predict_on_the_saved_curves(capsys):
 
 def test_server_bench_commands(capsys):
     server = driver("server_bench")
-    a = server.parse_args(["--d", "8", "--n", "2", "--concurrency", "1", "2", "--port", "9000"])
+    a = server.parse_args(["--configs", "plain", "auto", "8", "--n", "2", "--concurrency", "1", "2", "--port", "9000"])
     servers, bench = server.commands(a)
+    assert list(servers) == ["plain", "auto", "D8"]
     assert servers["plain"][-2:] == ["--port", "9000"] and "none" in servers["plain"]
-    assert servers["ngram"][servers["ngram"].index("--num-draft-tokens") + 1] == "8"
-    assert "plain=http://127.0.0.1:9000/v1" in bench and "ngram=http://127.0.0.1:9001/v1" in bench
+    assert servers["auto"][servers["auto"].index("--num-draft-tokens") + 1] == "auto"
+    assert servers["D8"][servers["D8"].index("--num-draft-tokens") + 1] == "8"
+    assert "plain=http://127.0.0.1:9000/v1" in bench and "D8=http://127.0.0.1:9002/v1" in bench
     assert bench[bench.index("--concurrency") + 1: bench.index("--concurrency") + 3] == ["1", "2"]
+    assert bench[bench.index("--baseline") + 1] == "plain"
+    with pytest.raises(SystemExit, match="expected plain, auto or an integer"):
+        server.commands(server.parse_args(["--configs", "plain", "fast"]))
     assert server.main(["--dry-run"]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 3
+    assert len(capsys.readouterr().out.splitlines()) == 4
 
 
 def test_linear_kernels_on_a_small_layer(capsys):
