@@ -22,6 +22,7 @@ acceptance (RequestPlan.whole) promises one standard deviation down.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -48,6 +49,7 @@ class CostCurve:
         self.prefill = None if prefill is None else (int(prefill[0]), prefill[1] / 1e3)
         self.scale = 1.0  # online correction of the whole curve: measured / predicted, as an EMA
         self._k_scale: dict[tuple[int, int], float] = {}  # the same per (k, b) observed: the shape too
+        self._raw: dict[tuple[int, int], float] = {}
 
     @classmethod
     def from_profile(cls, prof: ProfileResult) -> CostCurve:
@@ -76,6 +78,12 @@ class CostCurve:
         return float(s[-1]) + slope * (k - len(s))
 
     def raw(self, k: int, b: int = 1) -> float:
+        got = self._raw.get((k, b))  # the measured curve never changes: each point computed once
+        if got is None:
+            got = self._raw[(k, b)] = self._raw_at(k, b)
+        return got
+
+    def _raw_at(self, k: int, b: int) -> float:
         if k < 1 or b < 1:
             raise ValueError(f"k and b must be >= 1, got k={k}, b={b}")
         bs = self._b
@@ -93,14 +101,24 @@ class CostCurve:
     def __call__(self, k: int, b: int = 1) -> float:
         return self.raw(k, b) * self._k_scale.get((k, b), self.scale)
 
+    def parts(self, parts: list[tuple[int, int]]) -> float:
+        """Seconds of a batched forward that the runner runs as these (k, b) forwards
+        (draftwise.backends.base.forward_parts): a ragged batch is priced by what it executes."""
+        return sum(self(k, b) for k, b in parts)
+
     def observe(self, k: int, b: int, seconds: float) -> None:
-        """One measured forward: moves the whole curve, and the point (k, b) on its own (the
-        profile's shape can be off in a running engine, not only its scale)."""
-        ratio = seconds / self.raw(k, b)
+        self.observe_parts([(k, b)], seconds)
+
+    def observe_parts(self, parts: list[tuple[int, int]], seconds: float) -> None:
+        """One measured forward: moves the whole curve, and, when it ran as one forward of k tokens
+        for b sequences, the point (k, b) on its own (the profile's shape can be off in a running
+        engine, not only its scale)."""
+        ratio = seconds / sum(self.raw(k, b) for k, b in parts)
         self.scale += EMA * (min(max(ratio, self.scale / 2), 2 * self.scale) - self.scale)
-        key = (k, b)
-        s = self._k_scale.get(key, self.scale)  # one stall moves a point by at most EMA x its value:
-        self._k_scale[key] = s + EMA * (min(max(ratio, s / 2), 2 * s) - s)
+        key = parts[0] if len(parts) == 1 else None
+        if key is not None:
+            s = self._k_scale.get(key, self.scale)  # one stall moves a point by at most EMA x its value:
+            self._k_scale[key] = s + EMA * (min(max(ratio, s / 2), 2 * s) - s)
         for other, t in self._k_scale.items():  # and points no longer observed drift back to the
             if other != key:  # whole curve, so a point the planner stopped using cannot stay stale
                 self._k_scale[other] = t + DRIFT * (self.scale - t)
@@ -241,14 +259,42 @@ def expected_tokens(alpha: np.ndarray, d: int) -> float:
 
 
 @dataclass(slots=True)
+class Batch:
+    """The batched step that a request plans its round in, as assembled so far: the new tokens
+    each sequence feeds (1 until its request has chosen its D) and the tokens each is expected to
+    emit, and how the runner runs such a forward (`split`: per-sequence counts -> (k, b) forwards,
+    draftwise.backends.base.forward_parts). `me`: the planning request's index. `alike`: price
+    the step as if every sequence fed what the planning request feeds (and gained alike)."""
+    feeds: list[int]  # [n]
+    emits: list[float]  # [n]
+    split: Callable[[list[int]], list[tuple[int, int]]]
+    me: int = 0
+    alike: bool = False
+
+    @classmethod
+    def of(cls, n: int, split=None, alike: bool = False) -> Batch:
+        return cls([1] * n, [1.0] * n, split or (lambda ks: [(max(ks), len(ks))]), alike=alike)
+
+    def record(self, d: int, expected: float) -> None:
+        """The planning request chose d draft tokens, expecting to emit `expected` tokens."""
+        self.feeds[self.me], self.emits[self.me] = 1 + d, expected
+
+
+@dataclass(slots=True)
 class Plan:
     d: int  # draft tokens to propose this round (0 = plain step)
-    rate: float  # predicted tokens per second of the chosen D
+    rate: float  # predicted tokens per second of the chosen D, for this request (it waits the whole step)
     plain_rate: float  # predicted tokens per second of a plain step
     stop: StopRule | None = None  # early stop inside the draft: see Planner._stop_rule
     behind: int = 1  # tokens the draft model catches up on before drafting
     probe: bool = False  # a short draft to measure acceptance (the estimate alone says D = 0)
     seconds: float = 0.0  # predicted seconds of the round, catch-up included (0: a plain step's, 1 / plain_rate)
+    step_rate: float = 0.0  # predicted tokens per second of the whole batched step (alone: rate)
+
+    @property
+    def expected(self) -> float:
+        """Tokens this request's round is expected to emit."""
+        return self.rate * self.seconds if self.d else 1.0
 
 
 @dataclass(slots=True)
@@ -315,24 +361,38 @@ class Planner:
             return self.draft_call_s
         return self.draft(max(behind, 1)) + (d - 1) * self.draft(1)
 
-    def plan(self, req: RequestPlan, n_seqs: int = 1, available: int | None = None, behind: int = 1) -> Plan:
-        """D for this round. `available` caps D (a cheap drafter's proposal length, or the room
-        left); `behind` is how many tokens a draft model must catch up on first.
+    def plan(self, req: RequestPlan, batch: Batch | None = None, available: int | None = None,
+             behind: int = 1) -> Plan:
+        """D for this round. `batch`: the step the round joins (None: the request alone);
+        `available` caps D (a cheap drafter's proposal length, or the room left); `behind` is how
+        many tokens a draft model must catch up on first.
+
+        In a batch, a cheap drafter's round is priced by what it adds to the step (_step_costs):
+        its tokens join the forward the runner runs for the whole batch, a ragged batch as the
+        runner splits it, and every request in the step waits for that forward, so a draft pays
+        when the step's expected tokens per second rise, not this request's alone. A draft
+        model's drafts run in lockstep, so it is priced as b sequences of D + 1 tokens each.
 
         A draft model also gets an early-stop rule (_stop_rule). A probe's round time counts
         the catch-up it pays; a plan that keeps speculating pays it once (_catch_up_pays)."""
         d_max = min(self.max_draft, req.remaining - 1)
         if available is not None:
             d_max = min(d_max, available)
-        r_plain = 1.0 / (self.verify(1, n_seqs) + self.overhead_s)
+        n_seqs = 1 if batch is None else len(batch.feeds)
+        others = 0.0  # the rest of the step's expected tokens (a cheap drafter's round in a batch)
+        if n_seqs > 1 and self.draft is None:
+            t0, t, others = self._step_costs(d_max, batch)  # t: [d_max] seconds of the step
+        else:
+            t0, t = self.verify(1, n_seqs) + self.overhead_s, self._round_costs(d_max, n_seqs)
+        r_plain = 1.0 / t0
+        plain = Plan(0, r_plain, r_plain, step_rate=(others + 1.0) * r_plain)
         catch_up = self._catch_up_s(behind)  # 0 unless a draft model fell behind
         if self.draft is not None and behind > 1 and not any(req.plans) and len(req.plans) < self._look(catch_up, r_plain):
-            return Plan(0, r_plain, r_plain)  # look first: see commit's target_top
+            return plain  # look first: see commit's target_top
         alpha, up = req.acceptance.alpha(), req.acceptance.upper()  # [max_draft] each, once per round
-        t = self._round_costs(d_max, n_seqs)  # [d_max] seconds of a round of d = 1..d_max
         going = self.draft is not None and bool(req.plans) and req.plans[-1] > 0  # caught up
         keep = self.margin if self.keep_margin is None else min(self.keep_margin, self.margin)
-        best_d, best_r = self._best(alpha, t, r_plain, keep if going else self.margin)
+        best_d, best_r = self._best(alpha, t, r_plain, keep if going else self.margin, others=others)
         if best_d == 0 and self.probe_max > 0 and self.draft is not None \
                 and len(req.plans) >= req.next_probe:  # would optimism pay? then probe, ever more rarely
             d_up, r_up = self._best(up, t, r_plain)
@@ -347,20 +407,37 @@ class Planner:
                 r_probe = expected_tokens(up, best_d) / t_probe
                 if (r_probe > r_plain * (1 + self.margin)) if later else \
                         self._first_probe_pays(req, catch_up, t, r_plain, r_up):
-                    return Plan(best_d, best_r, r_plain, probe=True, seconds=t_probe)
-            return Plan(0, r_plain, r_plain)
+                    return Plan(best_d, best_r, r_plain, probe=True, seconds=t_probe, step_rate=best_r)
+            return plain
         if best_d == 0:
-            return Plan(0, r_plain, r_plain)
+            return plain
         if catch_up > 0 and not self._catch_up_pays(req, catch_up, r_plain, self._whole_rate(req, t, r_plain, best_r)):
-            return Plan(0, r_plain, r_plain)
+            return plain
         if self.probe_max > 0 and best_d < d_max:  # one position deeper if optimism about it says it
             deeper = t[best_d]  # pays its verify cost (not always: a verified position can be dear)
             reach = float(np.prod(alpha[:best_d]))
-            if (expected_tokens(alpha, best_d) + reach * up[best_d]) / deeper > best_r:
+            if (others + expected_tokens(alpha, best_d) + reach * up[best_d]) / deeper > best_r:
                 best_d += 1
-                best_r = expected_tokens(alpha, best_d) / deeper
+                best_r = (others + expected_tokens(alpha, best_d)) / deeper
         stop = None if self.draft is None else self._stop_rule(alpha, best_d, best_r, n_seqs)
-        return Plan(best_d, best_r, r_plain, stop, seconds=float(t[best_d - 1]) + catch_up)
+        seconds = float(t[best_d - 1])
+        return Plan(best_d, expected_tokens(alpha, best_d) / seconds, r_plain, stop, seconds=seconds + catch_up,
+                    step_rate=best_r)
+
+    def _step_costs(self, d_max: int, batch: Batch) -> tuple[float, np.ndarray, float]:
+        """(seconds of the batch's step with this request plain, [d_max] seconds of it with this
+        request's d = 1..d_max draft tokens, drafting included, and the other requests' expected
+        tokens), as the batch stands: requests that chose before this one with their drafts, the
+        rest as plain steps."""
+        ks = list(batch.feeds)
+
+        def step(k: int) -> float:
+            if batch.alike:  # every sequence feeds k, and each gains what this one does: others = 0
+                return self.verify.parts(batch.split([k] * len(ks))) + self.overhead_s
+            ks[batch.me] = k
+            return self.verify.parts(batch.split(ks)) + self.overhead_s
+        t = np.array([self.draft_cost(d) + step(d + 1) for d in range(1, max(d_max, 0) + 1)])
+        return step(1), t, 0.0 if batch.alike else float(sum(batch.emits) - batch.emits[batch.me])
 
     def _stop_rule(self, alpha: np.ndarray, d: int, rate: float, n_seqs: int) -> StopRule:
         """Bars on the draft's own probability c_j of each token j it drafts. Token j is accepted
@@ -407,19 +484,22 @@ class Planner:
         return np.array([self._round_s(d, n_seqs) for d in range(1, max(d_max, 0) + 1)])
 
     def _best(self, alpha: np.ndarray, t: np.ndarray, r_plain: float, margin: float | None = None,
-              risk: float | None = None) -> tuple[int, float]:
-        """argmax_d E[N](d) / T(d) over the d = 1..len(t) (t: round seconds) that beat plain by the
-        margin (the planner's unless given) plus `risk` (the planner's unless given) per plain step
-        the round would waste if its whole draft were rejected, T(d) x rate_plain - 1; none: d = 0."""
+              risk: float | None = None, others: float = 0.0) -> tuple[int, float]:
+        """argmax_d (others + E[N](d)) / T(d) over the d = 1..len(t) (t: round or step seconds;
+        `others`: the other requests' expected tokens in the step) that beat plain, (others + 1) x
+        rate_plain, by the margin (the planner's unless given) plus `risk` (the planner's unless
+        given) per plain step the round would waste if its whole draft were rejected,
+        T(d) x rate_plain - 1. Returns (d, the step's rate); none: d = 0."""
+        base = (others + 1.0) * r_plain
         if len(t) == 0:
-            return 0, r_plain
-        rates = (1.0 + np.cumsum(np.cumprod(alpha[:len(t)]))) / t  # [len(t)] E[N](d) / T(d)
+            return 0, base
+        rates = (others + 1.0 + np.cumsum(np.cumprod(alpha[:len(t)]))) / t  # [len(t)]
         m = self.margin if margin is None else margin
         k = self.risk if risk is None else risk
-        need = r_plain * (1.0 + m + k * np.maximum(t * r_plain - 1.0, 0.0))  # [len(t)]
-        ok = (rates > need) & (rates > r_plain)
+        need = base * (1.0 + m + k * np.maximum(t * r_plain - 1.0, 0.0))  # [len(t)]
+        ok = (rates > need) & (rates > base)
         if not ok.any():
-            return 0, r_plain
+            return 0, base
         i = int(np.argmax(np.where(ok, rates, -np.inf)))  # the first of equal rates: the shortest draft
         return i + 1, float(rates[i])
 
@@ -516,15 +596,16 @@ class Planner:
             a.observe_shadow(p_accept)
 
     def observe_times(self, k: int, n_seqs: int, forward_s: float, d: int, behind: int, draft_s: float,
-                      overhead_s: float, curve: bool = True) -> None:
+                      overhead_s: float, curve: bool = True, parts: list[tuple[int, int]] | None = None) -> None:
         """Measured seconds of a round: the target forward of k tokens per sequence, d draft
         forwards (the first catching up on `behind` tokens; d counts the forward of a token an
         early stop dropped, else its time would inflate the draft curve), and the rest of the round.
-        `curve=False`: leave the verify curve alone (another planner sharing it observes it)."""
+        `curve=False`: leave the verify curve alone (another planner sharing it observes it);
+        `parts`: the forwards the runner ran the step as (a ragged batch), else k for each sequence."""
         if not self.online:
             return
         if curve:
-            self.verify.observe(k, n_seqs, forward_s)
+            self.verify.observe_parts(parts or [(k, n_seqs)], forward_s)
         if n_seqs > 1:  # the draft curves are per sequence; a batched step's drafting is not
             pass
         elif self.draft is None:

@@ -1,15 +1,18 @@
 """Draft length per round: a fixed D, `auto` (the planner), or `auto` over several drafters
 (DrafterChoice, `--drafter auto`). Implementations of one interface, which the one decoding loop (draftwise.scheduler) calls for one request or many:
 
-    ask(st, n, room)                tokens to ask a cheap drafter for, before choosing
-    select(st, n, proposal)         -> the part of a cheap drafter's proposal to verify (may be none)
-    choose(st, n, available, behind) -> D this round (0: a plain step), for a draft model
+    ask(st, batch, room)            tokens to ask a cheap drafter for, before choosing
+    select(st, batch, proposal)     -> the part of a cheap drafter's proposal to verify (may be none)
+    choose(st, batch, available, behind) -> D this round (0: a plain step), for a draft model
     stop(st)                        the draft model's early-stop rule for this round, or None
     learn(st, round)                what the round showed (after verification)
     observe_step(step)              the step's measured times
     begin(st) / finish(st)          a request's first token was committed / it ended
 
 `st` is the scheduler's RequestState; the policy keeps its own per-request state in `st.policy`.
+`batch` (draftwise.planner.Batch) is the step being assembled, `batch.me` the request's place in
+it; select and choose record the request's choice in it, so the requests after it price their
+drafts against the step as it then stands.
 A request that fixes its own D (`Request.num_draft_tokens`) keeps it under either policy.
 """
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Protocol
 import torch
 
 from draftwise.drafters.base import Drafter, Proposal, StopRule
-from draftwise.planner import CostCurve, Plan, Planner, RequestPlan, planner_defaults
+from draftwise.planner import Batch, CostCurve, Plan, Planner, RequestPlan, planner_defaults
 from draftwise.request import PlanStep
 from draftwise.sampling import SamplingParams, target_top, warp
 from draftwise.verify import VerifyResult
@@ -40,9 +43,10 @@ class RoundOutcome:
 
 @dataclass(slots=True)
 class StepTimes:
-    """One step's measured seconds: the target forward of `k` tokens per sequence for `n_seqs`
-    sequences, drafting (`forwards` draft-model forwards, the first catching up on `behind`
-    tokens, when one sequence drafted), and the rest."""
+    """One step's measured seconds: the target forward of at most `k` tokens per sequence for
+    `n_seqs` sequences, run as the forwards `parts` ((k, b) each), drafting (`forwards`
+    draft-model forwards, the first catching up on `behind` tokens, when one sequence drafted),
+    and the rest."""
     k: int
     n_seqs: int
     forward_s: float
@@ -50,15 +54,16 @@ class StepTimes:
     other_s: float
     forwards: int = 0
     behind: int = 1
+    parts: list[tuple[int, int]] | None = None
 
 
 class DraftPolicy(Protocol):
     max_draft: int  # the most draft tokens a round may propose: what the context must leave room for
 
     def begin(self, st) -> None: ...
-    def ask(self, st, n_running: int, room: int) -> int: ...
-    def select(self, st, n_running: int, cand: Proposal) -> Proposal: ...
-    def choose(self, st, n_running: int, available: int, behind: int) -> int: ...
+    def ask(self, st, batch: Batch, room: int) -> int: ...
+    def select(self, st, batch: Batch, cand: Proposal) -> Proposal: ...
+    def choose(self, st, batch: Batch, available: int, behind: int) -> int: ...
     def stop(self, st) -> StopRule | None: ...
     def learn(self, st, outcome: RoundOutcome) -> None: ...
     def observe_step(self, step: StepTimes) -> None: ...
@@ -75,21 +80,23 @@ class FixedDraftLength:
     def __init__(self, d: int, off_above: int | None = None):
         self.max_draft, self.off_above = d, off_above
 
-    def _d(self, st, n_running: int) -> int:
-        if self.off_above is not None and n_running > self.off_above:
+    def _d(self, st, batch: Batch) -> int:
+        if self.off_above is not None and len(batch.feeds) > self.off_above:
             return 0
         return self.max_draft if st.req.num_draft_tokens is None else st.req.num_draft_tokens
 
-    def ask(self, st, n_running: int, room: int) -> int:
-        return min(self._d(st, n_running), room)
+    def ask(self, st, batch: Batch, room: int) -> int:
+        return min(self._d(st, batch), room)
 
-    def select(self, st, n_running: int, cand: Proposal) -> Proposal:
+    def select(self, st, batch: Batch, cand: Proposal) -> Proposal:
         if cand.options is not None:  # drafter auto with a fixed D: the longest proposal
             cand = max(cand.options.values(), key=lambda p: len(p.tokens))
-        return cand.head(self.choose(st, n_running, len(cand.tokens), 1))
+        return cand.head(self.choose(st, batch, len(cand.tokens), 1))
 
-    def choose(self, st, n_running: int, available: int, behind: int) -> int:
-        return min(self._d(st, n_running), available)
+    def choose(self, st, batch: Batch, available: int, behind: int) -> int:
+        d = min(self._d(st, batch), available)
+        batch.record(d, 1.0)
+        return d
 
     def begin(self, st) -> None: ...
     def stop(self, st) -> StopRule | None: return None
@@ -125,17 +132,20 @@ class PlannedDraftLength:
         # the prediction covers the whole request, prefill included
         st.stats.predicted_s = st.stats.predicted_plain_s = st.stats.prefill_s
 
-    def ask(self, st, n_running: int, room: int) -> int:
+    def ask(self, st, batch: Batch, room: int) -> int:
         return min(self.max_draft if st.policy is not None else st.req.num_draft_tokens, room)
 
-    def select(self, st, n_running: int, cand: Proposal) -> Proposal:
-        return cand.head(self.choose(st, n_running, len(cand.tokens), 1))
+    def select(self, st, batch: Batch, cand: Proposal) -> Proposal:
+        return cand.head(self.choose(st, batch, len(cand.tokens), 1))
 
-    def choose(self, st, n_running: int, available: int, behind: int) -> int:
+    def choose(self, st, batch: Batch, available: int, behind: int) -> int:
         if st.policy is None:
-            return min(st.req.num_draft_tokens, available)
-        st.policy.plan = plan = self.planner.plan(st.policy.req, n_running, available=available, behind=behind)
+            d = min(st.req.num_draft_tokens, available)
+            batch.record(d, 1.0)
+            return d
+        st.policy.plan = plan = self.planner.plan(st.policy.req, batch, available=available, behind=behind)
         plan.behind = behind
+        batch.record(plan.d, plan.expected)
         return plan.d
 
     def stop(self, st) -> StopRule | None:
@@ -164,7 +174,8 @@ class PlannedDraftLength:
         st.policy.plan = None
 
     def observe_step(self, s: StepTimes) -> None:
-        self.planner.observe_times(s.k, s.n_seqs, s.forward_s, s.forwards, s.behind, s.draft_s, s.other_s)
+        self.planner.observe_times(s.k, s.n_seqs, s.forward_s, s.forwards, s.behind, s.draft_s, s.other_s,
+                                   parts=s.parts)
 
     def finish(self, st) -> None:
         if st.policy is not None:
@@ -187,7 +198,8 @@ class DrafterChoice:
     own planner (draftwise.planner) with its own acceptance estimates per request and per workload,
     all priced on one shared verify curve and on the measured time of the whole proposing call (all
     members propose, so all are paid for). The round verifies the member whose plan promises the
-    highest rate E[N](D) / T(D) (each plan already beats a plain step by its margin), or none: a plain
+    highest rate (the batched step's, Plan.step_rate; alone, E[N](D) / T(D)); each plan already
+    beats a plain step by its margin), or none: a plain
     step. Members that were not verified still learn: their first token is scored against the
     target's distribution at the round's first position (a shadow, as the single-drafter `auto` does
     for a proposal it did not verify), which the verification computes whatever was drafted."""
@@ -205,23 +217,29 @@ class DrafterChoice:
         st.plans = []
         st.stats.predicted_s = st.stats.predicted_plain_s = st.stats.prefill_s
 
-    def ask(self, st, n_running: int, room: int) -> int:
+    def ask(self, st, batch: Batch, room: int) -> int:
         return min(self.max_draft if st.policy is not None else st.req.num_draft_tokens, room)
 
-    def select(self, st, n_running: int, cand: Proposal) -> Proposal:
+    def select(self, st, batch: Batch, cand: Proposal) -> Proposal:
         options = cand.options or {}
         if st.policy is None:  # a request's own D: the longest proposal
             best = max(options.values(), key=lambda p: len(p.tokens), default=_NONE)
-            return best.head(min(st.req.num_draft_tokens, len(best.tokens)))
+            out = best.head(min(st.req.num_draft_tokens, len(best.tokens)))
+            batch.record(len(out.tokens), 1.0)
+            return out
         c = st.policy
-        plans = {n: self.planners[n].plan(c.reqs[n], n_running, available=len(p.tokens)) for n, p in options.items()}
+        plans = {n: self.planners[n].plan(c.reqs[n], batch, available=len(p.tokens)) for n, p in options.items()}
         live = [n for n in plans if plans[n].d > 0]
-        c.chosen = max(live, key=lambda n: plans[n].rate, default=None)
+        c.chosen = max(live, key=lambda n: plans[n].step_rate, default=None)
         c.plan = plans[c.chosen] if c.chosen is not None else next(iter(plans.values()), None)
         c.firsts = {n: p.tokens[0] for n, p in options.items() if p.tokens and n != c.chosen}
-        return options[c.chosen].head(c.plan.d) if c.chosen is not None else _NONE
+        if c.chosen is None:
+            batch.record(0, 1.0)
+            return _NONE
+        batch.record(c.plan.d, c.plan.expected)
+        return options[c.chosen].head(c.plan.d)
 
-    def choose(self, st, n_running: int, available: int, behind: int) -> int:
+    def choose(self, st, batch: Batch, available: int, behind: int) -> int:
         raise TypeError("drafter auto chooses among cheap drafters: select, not choose")
 
     def stop(self, st):
@@ -261,7 +279,8 @@ class DrafterChoice:
     def observe_step(self, s: StepTimes) -> None:
         """The verify curve is shared: observed once; each planner's drafting and overhead."""
         for i, p in enumerate(self.planners.values()):
-            p.observe_times(s.k, s.n_seqs, s.forward_s, s.forwards, s.behind, s.draft_s, s.other_s, curve=i == 0)
+            p.observe_times(s.k, s.n_seqs, s.forward_s, s.forwards, s.behind, s.draft_s, s.other_s,
+                            curve=i == 0, parts=s.parts)
 
     def finish(self, st) -> None:
         if st.policy is not None:

@@ -31,7 +31,7 @@ def replay(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128) ->
         L, room = L0 + t, n - t - 1
         behind = L - fed
         if req is not None:
-            plan = planner.plan(req, 1, available=room, behind=behind)
+            plan = planner.plan(req, available=room, behind=behind)
             d, stop = plan.d, plan.stop
         else:
             d, stop, plan = min(fixed, room), None, None
@@ -80,7 +80,7 @@ def replay_ngram(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 1
         room = n - t - 1
         want = min(fixed, room) if fixed else min(planner.max_draft, room)
         cand = ngram_propose(ctx[:L0 + t], min_n, max_n, want).tolist()
-        plan = planner.plan(req, 1, available=len(cand)) if req is not None else None
+        plan = planner.plan(req, available=len(cand)) if req is not None else None
         toks = cand[:plan.d] if plan is not None else cand
         a = _accepted(toks, out, t)
         emitted = min(a + 1, n - t)

@@ -34,12 +34,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
-from draftwise.backends.base import ModelRunner
+from draftwise.backends.base import ModelRunner, forward_parts, padded_parts
 from draftwise.drafters.base import Drafter, Proposal
 from draftwise.output import OutputTracker
+from draftwise.planner import Batch
 from draftwise.policy import DraftPolicy, FixedDraftLength, RoundOutcome, StepTimes
 from draftwise.request import (Chunk, GenerationResult, PlanStep, Round, TokenLogprobs, check_draft_len,
                                check_request)
@@ -49,6 +51,7 @@ from draftwise.verify import VerifyResult, greedy_verify, rejection_sample
 
 NO_DRAFT = Proposal([])
 MAX_LOOP_ERRORS = 3  # steps failing in a row outside any request's boundary before the running fail
+SWEEPS = 2  # re-choosing rounds over a batch's drafts (_propose_cheap); they settle within one or two
 log = logging.getLogger(__name__)
 
 
@@ -140,6 +143,8 @@ class Scheduler:
         self.max_running = min([max_running] + [r.n_seq_max for r in runners if r.n_seq_max is not None])
         self.max_queue, self.observer = max_queue, observer or NullObserver()
         self.pad_ragged, self.sampler, self.reuse_prefix = pad_ragged, sampler, reuse_prefix
+        # how a step's forward runs, per-sequence token counts -> (k, b) forwards: what prices it
+        self._split = padded_parts if pad_ragged else partial(forward_parts, target)
         self.reserve_draft = reserve_draft
         self._waiting: deque[Request] = deque()
         self._running: list[RequestState] = []
@@ -383,8 +388,9 @@ class Scheduler:
         t_other = time.perf_counter() - t
         self.observer.phase("other", t_other)
         if batched:  # a step of retries is no measure of the batched forward's cost
-            self.policy.observe_step(StepTimes(max(map(len, feeds)), len(live), t_fwd, t_draft, t_other,
-                                               forwards, behind))
+            ks = [len(f) for f in feeds]
+            self.policy.observe_step(StepTimes(max(ks), len(live), t_fwd, t_draft, t_other, forwards, behind,
+                                               self._split(ks)))
 
     def _commit_round(self, st: RequestState, prop: Proposal, shadow: int | None, rows: torch.Tensor,
                       t_fwd: float, t_step: float) -> None:
@@ -434,28 +440,61 @@ class Scheduler:
             return [NO_DRAFT] * n, [None] * n, 0, 1
         if not self.drafter.cheap:
             return self._propose_model(batch)
-        props, shadows = [], []
-        for st in batch:
-            got = self._try(st, self._propose_cheap, st, n)
-            props.append(None if got is None else got[0])
-            shadows.append(None if got is None else got[1])
+        return self._propose_cheap(batch)
+
+    def _propose_cheap(self, batch: list[RequestState]):
+        """A cheap drafter's candidates, then how much of each the step verifies. In a batch the
+        requests share one forward, so each draft is priced by what it does to the whole step
+        (Planner.plan): first every request chooses as if all sequences fed what it feeds (a
+        batch whose requests all draft alike costs less per token than one ragged draft), then
+        each in turn re-chooses against the step as the others left it, until no choice
+        changes (at most SWEEPS rounds of this coordinate ascent on the step's expected rate)."""
+        n = len(batch)
+        ask = Batch.of(n, self._split)
+        cands = [self._try(st, self._candidate, st, ask) for st in batch]  # None: failed, dropped
+        live = [i for i, c in enumerate(cands) if c is not None]
+        step = Batch.of(len(live), self._split, alike=True)
+        props: list[Proposal | None] = [None] * n
+        for sweep in range(1 + (SWEEPS if len(live) > 1 else 0)):
+            changed = False
+            for j, i in enumerate(live):
+                if cands[i] is None:  # its choice failed in an earlier sweep
+                    continue
+                step.me, before = j, step.feeds[j]
+                props[i] = self._try(batch[i], self._select, batch[i], step, cands[i])
+                if props[i] is None:
+                    cands[i] = None
+                changed |= step.feeds[j] != before
+            step.alike = False
+            if sweep and not changed:
+                break
+        shadows = [c.tokens[0] if c is not None and c.tokens and p is not None and not p.tokens else None
+                   for c, p in zip(cands, props)]
         return props, shadows, 0, 1
 
-    def _propose_cheap(self, st: RequestState, n: int) -> tuple[Proposal, int | None]:
-        """(proposal, shadow): the drafter's candidate cut to the policy's D."""
+    def _candidate(self, st: RequestState, step: Batch) -> Proposal:
+        """The drafter's proposal, as long as the policy may verify."""
         t = time.perf_counter()
-        want = self.policy.ask(st, n, st.out.remaining - 1)  # the round always emits one token besides the accepted
+        want = self.policy.ask(st, step, st.out.remaining - 1)  # the round always emits one token besides the accepted
         cand = self.drafter.propose(st.key, st.ctx, want, st.req.params, st.gen) if want > 0 else NO_DRAFT
-        prop = self.policy.select(st, n, cand)
         dt = time.perf_counter() - t
         st.stats.draft_s += dt
         self.observer.phase("draft", dt)
-        return prop, cand.tokens[0] if cand.tokens and not prop.tokens else None
+        return cand
+
+    def _select(self, st: RequestState, step: Batch, cand: Proposal) -> Proposal:
+        t = time.perf_counter()
+        prop = self.policy.select(st, step, cand)
+        dt = time.perf_counter() - t
+        st.stats.draft_s += dt
+        self.observer.phase("draft", dt)
+        return prop
 
     def _propose_model(self, batch: list[RequestState]):
         n = len(batch)
         t = time.perf_counter()
-        plans = [self._try(st, self._plan_draft, st, n) for st in batch]  # (behind, D, stop); None: failed
+        step = Batch.of(n, self._split)
+        plans = [self._try(st, self._plan_draft, st, step, i) for i, st in enumerate(batch)]  # (behind, D, stop); None: failed
         todo = [(st, p) for st, p in zip(batch, plans) if p is not None and p[1] > 0]
         drafts = iter(self._draft_many(todo) if todo else [])  # in batch order, one per D > 0
         props = [None if p is None else next(drafts) if p[1] > 0 else NO_DRAFT for p in plans]
@@ -467,9 +506,10 @@ class Scheduler:
         one = props[0] if n == 1 and props[0] is not None else NO_DRAFT
         return props, [None] * n, one.forwards or len(one.tokens), plans[0][0] if n == 1 and plans[0] else 1
 
-    def _plan_draft(self, st: RequestState, n: int) -> tuple[int, int, object]:
+    def _plan_draft(self, st: RequestState, step: Batch, i: int) -> tuple[int, int, object]:
         behind = self.drafter.pending(st.key, st.ctx)
-        return behind, self.policy.choose(st, n, st.out.remaining - 1, behind), self.policy.stop(st)
+        step.me = i
+        return behind, self.policy.choose(st, step, st.out.remaining - 1, behind), self.policy.stop(st)
 
     def _draft_many(self, todo: list) -> list[Proposal | None]:
         """The draft model's lockstep drafts; if that fails, each request's draft alone once."""

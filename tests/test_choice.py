@@ -9,7 +9,7 @@ from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
-from draftwise.planner import CostCurve, Planner
+from draftwise.planner import Batch, CostCurve, Planner
 from draftwise.policy import FixedDraftLength
 from draftwise.sampling import SamplingParams
 from fakes import CharTokenizer, CycleRunner
@@ -113,7 +113,7 @@ def test_fixed_d_with_auto_drafter_takes_the_longest_proposal():
     class St:
         class req:
             num_draft_tokens = None
-    assert pol.select(St, 1, cand).tokens == [4, 5, 6]
+    assert pol.select(St, Batch.of(1), cand).tokens == [4, 5, 6]
 
 
 def test_sampling_through_auto_is_seeded_and_within_the_vocabulary():

@@ -236,7 +236,7 @@ def test_early_stopped_round_charges_the_dropped_tokens_forward():
                 p.stop = StopRule([0.0, 0.0] + [1.1] * (p.d - 2), [0.0, 0.0] + [1.1] * (p.d - 3))
             return p
 
-        def observe_times(self, k, n_seqs, forward_s, d, behind, draft_s, overhead_s):
+        def observe_times(self, k, n_seqs, forward_s, d, behind, draft_s, overhead_s, parts=None):
             seen.append(d)
 
         def finish(self, req):
@@ -615,3 +615,30 @@ def test_risk_asks_more_of_a_round_the_more_plain_steps_it_wastes_if_rejected():
     torch_like = CostCurve({1: [288, 304, 327, 400, 404, 410, 407, 439, 445, 435, 468, 463, 470, 467, 516, 481, 736]})
     ds = [first_plan(torch_like, r).d for r in (0.0, 0.03)]
     assert ds[0] == ds[1] > 0
+
+
+def test_a_round_in_a_batch_is_priced_by_the_step_it_joins():
+    """Hand-computed: T(k, b) = 10 + k b ms; alpha = 0.8 at every position; ragged batches run as
+    llama.cpp's equal-split ubatches."""
+    from draftwise.backends.llama_runner import LlamaRunner
+    from draftwise.planner import Batch
+
+    curve = CostCurve({b: [10 + k * b for k in range(1, 10)] for b in (1, 8)})
+    pl = Planner(curve, None, prior=0.8, max_draft=4, online=False, probe_max=0, margin=0.03, risk=0.0)
+    pl.draft_call_s = 0.0
+    req = pl.new_request(100)
+    assert pl.plan(req, available=4).d == 4  # alone: 3.36 tokens in 15 ms against 1 in 11
+    split = LlamaRunner.forward_parts
+    # 7 plain sequences: D = 4 adds a 14 ms ubatch to an 18 ms step, (7 + 3.36) / 32 < 8 / 18
+    assert pl.plan(req, Batch.of(8, split), available=4).d == 0
+    # all 8 alike: E(d) / T(d + 1, 8): 1.8 / 26, 2.44 / 34, 2.95 / 42, 3.36 / 50 against 1 / 18
+    alike = pl.plan(req, Batch.of(8, split, alike=True), available=4)
+    assert alike.d == 2 and alike.step_rate == pytest.approx(2.44 / 0.034)
+    # the 7 others already feed 3 tokens each, expecting 2.44: joining them at 3 costs 34 ms
+    # for 17.08 + 2.44 tokens; plain would leave a 24 ms ubatch of theirs after an 18 ms one
+    joined = Batch([3] * 7 + [1], [2.44] * 7 + [1.0], split, me=7)
+    p = pl.plan(req, joined, available=4)
+    assert p.d == 2 and p.step_rate == pytest.approx((7 * 2.44 + 2.44) / 0.034)
+    assert p.rate == pytest.approx(2.44 / 0.034) and p.plain_rate == pytest.approx(1 / 0.042)
+    assert joined.feeds[7] == 1  # plan does not record; the policy does
+    assert split([1, 5, 1, 3]) == [(1, 4), (2, 2), (2, 1)] and split([2, 2]) == [(2, 2)]

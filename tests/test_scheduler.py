@@ -190,9 +190,9 @@ def test_planner_policy_prices_draft_catch_up_and_stops_drafts_early():
     from draftwise.policy import PlannedDraftLength
 
     class StopAfterTwo(Planner):  # records what it is asked, and stops every draft before token 3
-        def plan(self, req, n_seqs=1, available=None, behind=1):
+        def plan(self, req, batch=None, available=None, behind=1):
             asked.append(behind)
-            p = super().plan(req, n_seqs, available, behind)
+            p = super().plan(req, batch, available, behind)
             if p.d > 2:
                 p.stop = StopRule([0.0, 0.0] + [1.1] * (p.d - 2), [0.0, 0.0] + [1.1] * (p.d - 3))
             return p
@@ -211,3 +211,56 @@ def test_planner_policy_prices_draft_catch_up_and_stops_drafts_early():
     assert asked[4:] == [1] * (len(asked) - 4)  # then it follows every round (each drafted)
     assert r.stats.verification_rounds >= 4 and max(p for _, p, _ in r.rounds) == 2  # stopped at token 2
     assert r.stats.accepted_draft_tokens == r.stats.proposed_tokens
+
+
+class _Ragged(CycleRunner):
+    """Splits a ragged batch as llama.cpp does with one KV stream per sequence."""
+    @staticmethod
+    def forward_parts(ks):
+        parts, done = [], 0
+        for i, k in enumerate(sorted(ks)):
+            if k > done:
+                parts.append((k - done, len(ks) - i))
+                done = k
+        return parts
+
+
+class _OnlyAfterA:
+    """A cheap drafter that proposes the true continuation of a 15-token cycle (never the EOS
+    token 15) for prompts starting with token 0 (a), and nothing for the others."""
+    name, cheap, runner, max_context = "ngram", True, None, None
+
+    def propose(self, key, ctx, n, params, gen, stop=None):
+        from draftwise.drafters.base import Proposal
+        return Proposal([(ctx[-1] + 1 + i) % 15 for i in range(n)] if ctx[0] == 0 else [])
+
+    def pending(self, key, ctx): return 0
+    def isolate(self, key): ...
+    def release(self, key): ...
+    def memory_nodes(self): return 0
+
+
+def test_a_batch_prices_each_draft_by_what_it_adds_to_the_shared_step():
+    """Each forward costs 10 ms plus 1 ms per token (a small model: the per-forward cost rules).
+    Alone, a request whose drafts are always right drafts. In a batch of 8 whose other requests
+    have nothing to draft, its draft would run as a second forward that all 8 wait for: worth
+    less than that wait, so it steps plainly. When all 8 can draft, they draft together, one
+    forward of equal feeds, which pays though a lone draft would not."""
+    from draftwise.planner import CostCurve, Planner
+    from draftwise.policy import PlannedDraftLength
+
+    curve = CostCurve({b: [10 + k * b for k in range(1, 10)] for b in (1, 2, 4, 8)})
+    drafter = _OnlyAfterA()
+    policy = PlannedDraftLength(Planner(curve, None, prior=0.8, max_draft=4, online=False, probe_max=0,
+                                        margin=0.03, risk=0.0), drafter)
+    runner = _Ragged(period=15)
+    sched = Scheduler(runner, CharTokenizer(), drafter, policy, max_running=8)
+    a, others = [0, 1, 2], [[5 + i, 6, 7] for i in range(7)]
+    assert run_all(sched, [a], max_tokens=20)[0].result.stats.verification_rounds > 0
+    mixed = [c.result for c in run_all(sched, [a] + others, max_tokens=20)]
+    assert all(r.stats.verification_rounds == 0 for r in mixed)
+    assert mixed[0].token_ids == [(2 + i) % 15 for i in range(1, 21)]
+    together = [c.result for c in run_all(sched, [[0, 1 + i, 2 + i] for i in range(8)], max_tokens=20)]
+    assert all(r.stats.verification_rounds > 0 for r in together)
+    padded = Scheduler(_Ragged(period=15), CharTokenizer(), drafter, policy, max_running=8, pad_ragged=True)
+    assert padded._split([1, 5, 1]) == [(5, 3)]

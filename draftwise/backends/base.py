@@ -45,3 +45,16 @@ def check_forward_args(seq_ids: list[int], tokens: list[list[int]], num_logits: 
             raise ValueError("each sequence in a forward needs at least one new token")
         if not 0 <= k <= len(toks):
             raise ValueError(f"num_logits {k} must be within [0, {len(toks)}] new tokens")
+
+
+def padded_parts(ks: list[int]) -> list[tuple[int, int]]:
+    """One forward of max(ks) tokens for every sequence: a batch padded to its longest feed."""
+    return [(max(ks), len(ks))]
+
+
+def forward_parts(runner, ks: list[int]) -> list[tuple[int, int]]:
+    """The forwards, (k tokens per sequence, b sequences) each, that one batched forward of these
+    per-sequence token counts runs as: what a cost curve measured on even batches prices it by.
+    A runner that splits ragged batches says how (`forward_parts`); otherwise as if padded."""
+    split = getattr(runner, "forward_parts", None)
+    return split(ks) if split is not None else padded_parts(ks)

@@ -149,6 +149,20 @@ class LlamaRunner:
 
     # --- forward ---------------------------------------------------------------------------
 
+    @staticmethod
+    def forward_parts(ks: list[int]) -> list[tuple[int, int]]:
+        """How llama.cpp runs a batch of ks[i] new tokens for sequence i with one KV stream per
+        sequence: ubatches of equally many tokens of each sequence in them (split_equal), so
+        first every sequence's first min(ks) tokens, then the longer sequences' next tokens up to
+        the next length, and so on: (k, b) per ubatch. (Past n_batch tokens more splits follow;
+        a step stays far below it.)"""
+        parts, done = [], 0
+        for i, k in enumerate(sorted(ks)):
+            if k > done:
+                parts.append((k - done, len(ks) - i))
+                done = k
+        return parts
+
     def forward(self, seq_ids: list[int], tokens: list[list[int]], num_logits: list[int]) -> list[torch.Tensor]:
         check_forward_args(seq_ids, tokens, num_logits)
         if self._ctx is None:

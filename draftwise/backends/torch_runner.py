@@ -46,6 +46,11 @@ class TorchRunner:
         self._caches[seq] = DynamicCache(config=self.model.config)
         return seq
 
+    @staticmethod
+    def forward_parts(ks: list[int]) -> list[tuple[int, int]]:
+        """Sequences run one after another: one forward of k tokens each."""
+        return [(k, 1) for k in ks]
+
     @torch.inference_mode()
     def forward(self, seq_ids: list[int], tokens: list[list[int]], num_logits: list[int]) -> list[torch.Tensor]:
         check_forward_args(seq_ids, tokens, num_logits)
