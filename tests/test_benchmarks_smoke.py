@@ -203,3 +203,18 @@ def test_pad_rows_on_a_tiny_model(capsys):
     driver("pad_rows").measure(runner, CharTokenizer(), [t % 15 for t in range(40)], max_k=3, repeats=1, decode=4)
     out = capsys.readouterr().out
     assert "# pad from this pass:" in out and "chosen: True" in out
+
+
+def test_ragged_steps_on_the_toy_runner():
+    from draftwise.planner import CostCurve
+    from fakes import CycleRunner
+
+    ragged = driver("ragged_steps")
+    assert ragged.shapes(4)[0] == ("all plain", [1] * 4) and ("one drafts 2", [3, 1, 1, 1]) in ragged.shapes(4)
+    curve = CostCurve({b: [10 + k * b for k in range(1, 18)] for b in (1, 2, 4)})
+    runner = CycleRunner(period=15)
+    rows = ragged.measure(runner, curve, 4, reps=1)
+    one = next(r for r in rows if r["shape"] == "one drafts 8")  # CycleRunner splits nothing: padded
+    assert one["split_ms"] == one["padded_ms"] == pytest.approx(10 + 9 * 4)
+    assert not runner.seqs  # every sequence freed
+    assert "median |error| split" in ragged.table(rows, 4)

@@ -1,0 +1,93 @@
+"""A batched step whose sequences feed different numbers of tokens, measured against what the
+planner predicts for it from the cost curve (measured on even batches): priced as the forwards the
+runner runs it as (draftwise.backends.base.forward_parts; llama.cpp: equal-split ubatches), and as
+one forward padded to the longest feed. The server's runner and cached curve, so `draftwise serve
+--max-running 16 --max-context 1024` on the same model prices steps exactly as here.
+
+    .venv/bin/python benchmarks/ragged_steps.py --model qwen2.5-coder-1.5b
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+from draftwise.backends.base import forward_parts, padded_parts
+from draftwise.planner import CostCurve
+
+CONTEXT = 200  # tokens each sequence holds before the measured step
+
+
+def shapes(n: int, seed: int = 0) -> list[tuple[str, list[int]]]:
+    """Named per-sequence feeds of a step of n sequences: one, half or all drafting d, and mixes."""
+    out = [("all plain", [1] * n)]
+    for d in (1, 2, 4, 8):
+        out += [(f"one drafts {d}", [d + 1] + [1] * (n - 1)),
+                (f"half draft {d}", [d + 1] * (n // 2) + [1] * (n - n // 2)),
+                (f"all draft {d}", [d + 1] * n)]
+    rng = random.Random(seed)
+    out += [(f"mixed {i + 1}", [rng.choice([1, 1, 2, 3, 5, 9]) for _ in range(n)]) for i in range(4)]
+    return out
+
+
+def measure(runner, curve: CostCurve, n: int, reps: int = 9) -> list[dict]:
+    """Median seconds of each shape's forward against its two predictions."""
+    seqs = [runner.new_sequence() for _ in range(n)]
+    for s in seqs:
+        runner.forward([s], [[(7 * i) % 97 + 3 for i in range(CONTEXT)]], [1])
+    rows = []
+    try:
+        for name, ks in shapes(n):
+            ts = []
+            for _ in range(reps + 1):
+                t = time.perf_counter()
+                runner.forward(seqs, [[5] * k for k in ks], ks)
+                ts.append(time.perf_counter() - t)
+                for s in seqs:
+                    runner.truncate(s, CONTEXT)
+            rows.append({"shape": name, "feeds": ks, "measured_ms": 1e3 * statistics.median(ts[1:]),
+                         "split_ms": 1e3 * curve.parts(forward_parts(runner, ks)),
+                         "padded_ms": 1e3 * curve.parts(padded_parts(ks))})
+    finally:
+        for s in seqs:
+            runner.free(s)
+    return rows
+
+
+def table(rows: list[dict], n: int) -> str:
+    def err(r, key):
+        return f"{100 * (r[key] / r['measured_ms'] - 1):+.0f}%"
+    lines = [f"batch of {n}: measured ms | split prediction | padded prediction",
+             f"{'shape':<16} {'measured':>9} {'split':>14} {'padded':>14}"]
+    for r in rows:
+        lines.append(f"{r['shape']:<16} {r['measured_ms']:9.1f} {r['split_ms']:8.1f} {err(r, 'split_ms'):>5} "
+                     f"{r['padded_ms']:8.1f} {err(r, 'padded_ms'):>5}")
+    for key in ("split_ms", "padded_ms"):
+        e = [abs(r[key] / r["measured_ms"] - 1) for r in rows]
+        lines.append(f"median |error| {key[:-3]}: {100 * statistics.median(e):.0f}%, worst {100 * max(e):.0f}%")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from draftwise.build import EngineSpec, load_target
+    from draftwise.profile import cached_profile
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--batch", type=int, nargs="+", default=[8, 16])
+    ap.add_argument("--max-running", type=int, default=16)
+    ap.add_argument("--max-context", type=int, default=1024)
+    ap.add_argument("--reps", type=int, default=9)
+    a = ap.parse_args(argv)
+    spec = EngineSpec(target=a.model, backend="llama.cpp", max_running=a.max_running, max_context=a.max_context)
+    runner, _ = load_target(spec)
+    sizes = tuple(b for b in (1, 2, 4, 8, 16, 32) if b < a.max_running) + (a.max_running,)
+    curve = CostCurve.from_profile(cached_profile(runner, sizes, range(1, 18)))
+    print(f"{a.model}, llama.cpp, {spec.kernels} kernels")
+    for n in a.batch:
+        print(table(measure(runner, curve, n, a.reps), n))
+
+
+if __name__ == "__main__":
+    main()
