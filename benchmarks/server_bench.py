@@ -1,10 +1,14 @@
-"""`draftwise bench --endpoint` against one `draftwise serve` process per configuration on loopback
-(default: speculation off, n-gram `auto`, n-gram D = 4) at concurrency 1, 2, 4, 8, 16
-(docs/results.md §6). The bench interleaves the servers' request groups, so only one computes at a
-time; at temperature 0 it asks every server for logprobs and compares outputs token by token.
+"""`draftwise bench --endpoint` against one server process per configuration on loopback, at
+concurrency 1, 2, 4, 8, 16 (docs/results.md §6): `draftwise serve` (default: speculation off,
+n-gram `auto`, n-gram D = 4), or with `--engine llama-server` llama.cpp's own server
+(scripts/setup_peers.sh builds it; configurations plain, its n-gram types, `draft`: the 0.5B
+draft model; docs/peers.md). The bench interleaves the servers' request groups, so only one
+computes at a time; at temperature 0 it asks every server for logprobs and compares outputs token
+by token.
 
     .venv/bin/python benchmarks/server_bench.py --out results/server_bench
     .venv/bin/python benchmarks/server_bench.py --model qwen2.5-coder-1.5b --out results/server_bench_qwen
+    .venv/bin/python benchmarks/server_bench.py --engine llama-server --configs plain ngram-mod draft
     .venv/bin/python benchmarks/server_bench.py --dry-run     # print the commands
 """
 from __future__ import annotations
@@ -28,14 +32,44 @@ def server_flags(config: str, drafter: str) -> list[str]:
     return ["--drafter", drafter, "--num-draft-tokens", config]
 
 
+LLAMA_SERVER = ".peers/bin/llama-server"
+LLAMA_NGRAM = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+
+
+def llama_server_flags(config: str, draft_model: str) -> list[str]:
+    """`plain`; one of llama.cpp's n-gram types (LLAMA_NGRAM) at its defaults; `draft`: a draft model."""
+    if config == "plain":
+        return []
+    if config in LLAMA_NGRAM:
+        return ["--spec-type", config]
+    if config == "draft":
+        return ["--spec-draft-model", gguf(draft_model)]
+    raise SystemExit(f"configuration {config!r}: expected plain, draft or one of {', '.join(LLAMA_NGRAM)}")
+
+
+def gguf(model: str) -> str:
+    from draftwise.models.registry import resolve
+    src = resolve(model)
+    if src.kind != "gguf":
+        raise SystemExit(f"llama-server needs a GGUF model; {model} is {src.kind}")
+    return str(src.path)
+
+
 def commands(a: argparse.Namespace) -> tuple[dict[str, list[str]], list[str]]:
     """Each server's command line by configuration name, and the bench's."""
-    common = ["serve", "--target", a.model, "--backend", "llama.cpp", "--threads", str(a.threads),
-              "--max-running", "16", "--max-context", str(a.max_context),
-              "--host", "127.0.0.1"]
-    names = {c: c if c in ("plain", "auto") else f"D{c}" for c in a.configs}
-    servers = {names[c]: CLI + common + server_flags(c, a.drafter) + a.serve_args.split() + ["--port", str(a.port + i)]
-               for i, c in enumerate(a.configs)}
+    if a.engine == "llama-server":
+        slots = max(a.concurrency)
+        common = [LLAMA_SERVER, "-m", gguf(a.model), "-t", str(a.threads), "-np", str(slots),
+                  "-c", str(a.max_context * slots), "--metrics", "--no-webui", "--host", "127.0.0.1"]
+        names = {c: c for c in a.configs}
+        servers = {c: common + llama_server_flags(c, a.draft_model) + a.serve_args.split() + ["--port", str(a.port + i)]
+                   for i, c in enumerate(a.configs)}
+    else:
+        common = CLI + ["serve", "--target", a.model, "--backend", "llama.cpp", "--threads", str(a.threads),
+                        "--max-running", "16", "--max-context", str(a.max_context), "--host", "127.0.0.1"]
+        names = {c: c if c in ("plain", "auto") else f"D{c}" for c in a.configs}
+        servers = {names[c]: common + server_flags(c, a.drafter) + a.serve_args.split() + ["--port", str(a.port + i)]
+                   for i, c in enumerate(a.configs)}
     endpoints = [x for i, c in enumerate(a.configs) for x in ("--endpoint", f"{names[c]}=http://127.0.0.1:{a.port + i}/v1")]
     bench = CLI + ["bench", *endpoints, "--baseline", names[a.configs[0]],
                    "--target", a.model, "--workload", a.workload, "--n", str(a.n), "--max-tokens", str(a.max_tokens),
@@ -60,9 +94,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/server_bench")
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--configs", nargs="+", default=["plain", "auto", "4"],
-                    help="one server each: plain, auto or an integer D; the first is the baseline")
+    ap.add_argument("--engine", choices=["draftwise", "llama-server"], default="draftwise")
+    ap.add_argument("--configs", nargs="+", default=None,
+                    help="one server each, the first the baseline: plain, auto or an integer D (draftwise; "
+                         "default plain auto 4); plain, draft or an n-gram type (llama-server; default "
+                         "plain ngram-simple ngram-mod draft)")
     ap.add_argument("--drafter", default="ngram")
+    ap.add_argument("--draft-model", default="qwen2.5-coder-0.5b", help="llama-server's `draft` configuration")
     ap.add_argument("--serve-args", default="", help="more draftwise serve options, for every server")
     ap.add_argument("--workload", default="editeval,writing")
     ap.add_argument("--n", type=int, default=8, help="prompts per category")
@@ -76,7 +114,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="seconds to wait for each server's /health (auto measures the batch cost curves once: "
                          "~20 min for the 1.5B)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands and exit")
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    if a.configs is None:
+        a.configs = ["plain", "auto", "4"] if a.engine == "draftwise" else ["plain", "ngram-simple", "ngram-mod", "draft"]
+    return a
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,6 +48,7 @@ class CostCurve:
         self._s = {b: np.asarray(ms[b], dtype=np.float64) / 1e3 for b in self._b}
         self.prefill = None if prefill is None else (int(prefill[0]), prefill[1] / 1e3)
         self.scale = 1.0  # online correction of the whole curve: measured / predicted, as an EMA
+        self.ragged = 1.0  # the same for steps run as several forwards, over their scaled prediction
         self._k_scale: dict[tuple[int, int], float] = {}  # the same per (k, b) observed: the shape too
         self._raw: dict[tuple[int, int], float] = {}
 
@@ -103,22 +104,31 @@ class CostCurve:
 
     def parts(self, parts: list[tuple[int, int]]) -> float:
         """Seconds of a batched forward that the runner runs as these (k, b) forwards
-        (draftwise.backends.base.forward_parts): a ragged batch is priced by what it executes."""
-        return sum(self(k, b) for k, b in parts)
+        (draftwise.backends.base.forward_parts): a ragged batch is priced by what it executes,
+        times what such steps were measured to cost over that (`ragged`)."""
+        t = sum(self(k, b) for k, b in parts)
+        return t * self.ragged if len(parts) > 1 else t
 
     def observe(self, k: int, b: int, seconds: float) -> None:
         self.observe_parts([(k, b)], seconds)
 
     def observe_parts(self, parts: list[tuple[int, int]], seconds: float) -> None:
-        """One measured forward: moves the whole curve, and, when it ran as one forward of k tokens
-        for b sequences, the point (k, b) on its own (the profile's shape can be off in a running
-        engine, not only its scale)."""
+        """One measured forward. Run as one forward of k tokens for b sequences, it moves the whole
+        curve, and the point (k, b) on its own (the profile's shape can be off in a running engine,
+        not only its scale). Run as several (a ragged batch split into llama.cpp ubatches), it
+        moves only `ragged`, the measured over the predicted cost of such steps: their parts (a
+        few sequences' extra tokens inside a large batch) are points no step measures alone, so
+        they get their own correction rather than moving the points that plain steps measure
+        (docs/planner.md, "Batches")."""
+        if len(parts) > 1:
+            ratio = seconds / sum(self(k, b) for k, b in parts)
+            self.ragged += EMA * (min(max(ratio, self.ragged / 2), 2 * self.ragged) - self.ragged)
+            return
         ratio = seconds / sum(self.raw(k, b) for k, b in parts)
         self.scale += EMA * (min(max(ratio, self.scale / 2), 2 * self.scale) - self.scale)
-        key = parts[0] if len(parts) == 1 else None
-        if key is not None:
-            s = self._k_scale.get(key, self.scale)  # one stall moves a point by at most EMA x its value:
-            self._k_scale[key] = s + EMA * (min(max(ratio, s / 2), 2 * s) - s)
+        key = parts[0]
+        s = self._k_scale.get(key, self.scale)  # one stall moves a point by at most EMA x its value:
+        self._k_scale[key] = s + EMA * (min(max(ratio, s / 2), 2 * s) - s)
         for other, t in self._k_scale.items():  # and points no longer observed drift back to the
             if other != key:  # whole curve, so a point the planner stopped using cannot stay stale
                 self._k_scale[other] = t + DRIFT * (self.scale - t)

@@ -175,6 +175,15 @@ def test_server_bench_commands(capsys):
         server.commands(server.parse_args(["--configs", "plain", "fast"]))
     assert server.main(["--dry-run"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 4
+    peer = server.parse_args(["--engine", "llama-server", "--draft-model", "smollm2-135m", "--concurrency", "1", "4"])
+    servers, bench = server.commands(peer)
+    assert list(servers) == ["plain", "ngram-simple", "ngram-mod", "draft"]
+    assert servers["plain"][0] == server.LLAMA_SERVER and "--metrics" in servers["plain"]
+    assert servers["plain"][servers["plain"].index("-np") + 1] == "4"
+    assert servers["ngram-mod"][servers["ngram-mod"].index("--spec-type") + 1] == "ngram-mod"
+    assert servers["draft"][servers["draft"].index("--spec-draft-model") + 1].endswith(".gguf")
+    with pytest.raises(SystemExit, match="expected plain, draft or one of"):
+        server.commands(server.parse_args(["--engine", "llama-server", "--configs", "plain", "ngram-fast"]))
 
 
 def test_linear_kernels_on_a_small_layer(capsys):

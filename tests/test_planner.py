@@ -642,3 +642,16 @@ def test_a_round_in_a_batch_is_priced_by_the_step_it_joins():
     assert p.rate == pytest.approx(2.44 / 0.034) and p.plain_rate == pytest.approx(1 / 0.042)
     assert joined.feeds[7] == 1  # plan does not record; the policy does
     assert split([1, 5, 1, 3]) == [(1, 4), (2, 2), (2, 1)] and split([2, 2]) == [(2, 2)]
+
+
+def test_ragged_steps_learn_their_own_correction():
+    curve = CostCurve({1: [10.0, 20.0], 8: [40.0, 80.0]})
+    curve.observe(1, 8, 0.030)  # a plain step of 8 measured below the profile: that point moves
+    plain = curve(1, 8)
+    assert plain < 0.040 and curve.ragged == 1.0
+    for _ in range(50):  # steps run as (1 x 8) + (1 x 1) measured at twice their prediction
+        curve.observe_parts([(1, 8), (1, 1)], 2 * (curve(1, 8) + curve(1, 1)))
+    assert curve(1, 8) == plain  # the one-forward points keep what one-forward steps showed
+    assert curve.ragged == pytest.approx(2.0, rel=0.01)
+    assert curve.parts([(1, 8), (1, 1)]) == pytest.approx(2 * (plain + curve(1, 1)), rel=0.01)
+    assert curve.parts([(1, 8)]) == plain

@@ -21,10 +21,11 @@ from draftwise.prompts import Prompt
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-# vLLM's counter names (without the `_total` suffix prometheus_client adds) -> draftwise words
-VLLM = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-        "vllm:spec_decode_num_accepted_tokens": "accepted",
-        "vllm:spec_decode_num_accepted_tokens_per_pos": "per_pos"}
+# spec-decode counter names (without the `_total` suffix) -> draftwise words; vLLM's and
+# llama-server's (`--metrics`) differ only in their prefix
+WORDS = {"spec_decode_num_drafts": "drafts", "spec_decode_num_draft_tokens": "draft_tokens",
+         "spec_decode_num_accepted_tokens": "accepted", "spec_decode_num_accepted_tokens_per_pos": "per_pos"}
+ENGINES = {"vllm": "vllm", "llamacpp": "llama.cpp"}  # prefix -> engine
 
 
 def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -44,13 +45,17 @@ def _unescape(v: str) -> str:
 
 
 def spec_counters(text: str) -> dict | None:
-    """vLLM spec-decode counters summed over their other labels (model, engine); None if absent.
-    Returns {"drafts", "draft_tokens", "accepted", "per_pos": {position: accepted}}."""
+    """vLLM's or llama-server's spec-decode counters summed over their other labels (model,
+    engine); None if absent. Returns {"engine", "drafts", "draft_tokens", "accepted",
+    "per_pos": {position: accepted}}."""
     out: dict = {"per_pos": {}}
     for name, labels, value in parse_prometheus(text):
-        if name.endswith("_created"):  # prometheus_client's creation timestamps, not counts
+        if name.endswith("_created") or ":" not in name:  # prometheus_client's timestamps, not counts
             continue
-        word = VLLM.get(name.removesuffix("_total"))
+        prefix, _, bare = name.partition(":")
+        word = WORDS.get(bare.removesuffix("_total")) if prefix in ENGINES else None
+        if word:
+            out["engine"] = ENGINES[prefix]
         if word == "per_pos":
             pos = int(labels.get("position", 0))
             out["per_pos"][pos] = out["per_pos"].get(pos, 0.0) + value
@@ -60,19 +65,22 @@ def spec_counters(text: str) -> dict | None:
 
 
 def server_stats(before: dict | None, after: dict | None, emitted_tokens: int) -> dict | None:
-    """SpecStats fields from two counter readings. A vLLM draft is one verification round of k
-    proposed tokens (k fixed by the server), so proposed_per_position[i] = drafts for i < k, and
-    each round emits its accepted tokens plus one recovered or bonus token."""
+    """SpecStats fields from two counter readings. A draft is one verification round, emitting
+    its accepted tokens plus one recovered or bonus token. vLLM drafts k tokens every round (k
+    fixed by the server), so proposed_per_position[i] = drafts for i < k; llama-server's drafts
+    vary in length and it does not count proposals per position, so those stay unknown (empty)
+    while accepted_per_position is its own count."""
     if before is None or after is None:
         return None
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("drafts", "draft_tokens", "accepted")}
     positions = sorted(set(before["per_pos"]) | set(after["per_pos"]))
     per_pos = [int(after["per_pos"].get(p, 0) - before["per_pos"].get(p, 0)) for p in positions]
     rounds = int(d["drafts"])
-    k = len(per_pos) or (round(d["draft_tokens"] / rounds) if rounds else 0)
+    fixed = after.get("engine", "vllm") == "vllm"
+    k = len(per_pos) or (round(d["draft_tokens"] / rounds) if rounds and fixed else 0)
     return {"verification_rounds": rounds, "proposed_tokens": int(d["draft_tokens"]),
             "accepted_draft_tokens": int(d["accepted"]), "round_emitted_tokens": int(d["accepted"]) + rounds,
-            "emitted_tokens": emitted_tokens, "proposed_per_position": [rounds] * k,
+            "emitted_tokens": emitted_tokens, "proposed_per_position": [rounds] * k if fixed else [],
             "accepted_per_position": per_pos or [0] * k, "requests": 0}
 
 
@@ -175,7 +183,7 @@ class EndpointTarget:
     def run_one(self, prompt: Prompt, ids: list[int], kw: dict) -> dict:
         path, body = self.body(prompt, ids, kw)
         conn = self._conn()
-        t_chunks, parts, usage, finish = [], [], None, None
+        t_chunks, parts, usage, finish, timings = [], [], None, None, None
         tokens, margins = [], []
         t0 = time.perf_counter()
         try:
@@ -191,6 +199,7 @@ class EndpointTarget:
                 if "error" in obj:
                     raise RuntimeError(f"{self.url}{path}: {obj['error']}")
                 usage = obj.get("usage") or usage
+                timings = obj.get("timings") or timings  # llama-server: its own per-request counts
                 for c in obj.get("choices") or []:
                     text = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
                     finish = c.get("finish_reason") or finish
@@ -209,7 +218,9 @@ class EndpointTarget:
                 "emitted_tokens": usage["completion_tokens"] if counted else len(t_chunks),
                 "tokens_from": "usage" if counted else "chunks",
                 "prompt_tokens": (usage or {}).get("prompt_tokens") or len(ids), "token_ids": None, "stats": None,
-                **({"tokens": tokens, "margins": margins} if self.logprobs and tokens else {})}
+                **({"tokens": tokens, "margins": margins} if self.logprobs and tokens else {}),
+                **({"server_draft": {"draft_n": timings.get("draft_n", 0),
+                                     "draft_n_accepted": timings.get("draft_n_accepted", 0)}} if timings else {})}
 
     def run_group(self, requests: list[tuple[Prompt, list[int], dict]]) -> tuple[list[dict], dict | None]:
         """All requests of the group at once; the counters are read before and after the group."""
