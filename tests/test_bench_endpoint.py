@@ -1,6 +1,7 @@
 """The server client against a tiny local OpenAI-style server: SSE streaming, TTFT/ITL from chunk
 arrival, usage, Prometheus spec-decode counters mapped to draftwise's words, real concurrency."""
 import json
+from pathlib import Path
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -258,3 +259,52 @@ def test_logprobs_give_token_positions_and_margins(tmp_path, api):
     finally:
         spec.close()
         plain.close()
+
+
+LLAMA_SERVER = Path(__file__).parent / "data" / "llama_server"
+
+
+def test_llama_server_counters_and_timings_from_recorded_responses():
+    """llama-server's own /metrics and stream (tests/data/llama_server): one draft of 20 tokens,
+    7 accepted, read in draftwise's words; its drafts vary in length, so proposals per position
+    stay unknown; the response's own draft counts are kept with the request."""
+    before = spec_counters((LLAMA_SERVER / "metrics_before.txt").read_text())
+    after = spec_counters((LLAMA_SERVER / "metrics_after.txt").read_text())
+    assert before["engine"] == after["engine"] == "llama.cpp"
+    st = SpecStats(**server_stats(before, after, emitted_tokens=60))
+    assert (st.verification_rounds, st.proposed_tokens, st.accepted_draft_tokens) == (1, 20, 7)
+    assert st.acceptance_length == pytest.approx(8.0) and st.proposed_per_position == []
+    assert st.accepted_per_position[:8] == [1] * 7 + [0]
+    stream = (LLAMA_SERVER / "stream.txt").read_bytes()
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a): ...
+
+        def do_GET(self):
+            body = (LLAMA_SERVER / "metrics_after.txt").read_bytes() if self.path == "/metrics" \
+                else json.dumps({"data": [{"id": "smollm2"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(stream)))
+            self.end_headers()
+            self.wfile.write(stream)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        t = EndpointTarget(f"http://127.0.0.1:{srv.server_address[1]}/v1", logprobs=True)
+        rec = t.run_one(PROMPT, [1, 2, 3], KW)
+        assert t.counters()["drafts"] == 1
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert rec["server_draft"] == {"draft_n": 20, "draft_n_accepted": 7}
+    assert rec["emitted_tokens"] == 60 and rec["tokens_from"] == "usage" and rec["text"].startswith("1.")
+    assert rec["tokens"][:2] == ["1", "."] and rec["margins"][0] == pytest.approx(3.006366 - 0.120647, abs=1e-5)

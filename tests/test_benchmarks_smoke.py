@@ -105,7 +105,7 @@ def test_core_measures_checks_and_reports(tmp_path, capsys):
 
 
 def test_profile_table(profiles, capsys):
-    driver("profile_table").main(profiles)
+    driver("cost_curves").main(["table", *profiles])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("| curve | b | k=1 | k=2 | k=3 | k=4 |")
     assert lines[2].startswith("| target | 1 | ") and "(1.00×)" in lines[2] and len(lines) == 4
@@ -214,11 +214,11 @@ def test_pad_rows_on_a_tiny_model(capsys):
     assert "# pad from this pass:" in out and "chosen: True" in out
 
 
-def test_ragged_steps_on_the_toy_runner():
+def test_cost_curves_ragged_on_the_toy_runner():
     from draftwise.planner import CostCurve
     from fakes import CycleRunner
 
-    ragged = driver("ragged_steps")
+    ragged = driver("cost_curves")
     assert ragged.shapes(4)[0] == ("all plain", [1] * 4) and ("one drafts 2", [3, 1, 1, 1]) in ragged.shapes(4)
     curve = CostCurve({b: [10 + k * b for k in range(1, 18)] for b in (1, 2, 4)})
     runner = CycleRunner(period=15)
@@ -226,4 +226,4 @@ def test_ragged_steps_on_the_toy_runner():
     one = next(r for r in rows if r["shape"] == "one drafts 8")  # CycleRunner splits nothing: padded
     assert one["split_ms"] == one["padded_ms"] == pytest.approx(10 + 9 * 4)
     assert not runner.seqs  # every sequence freed
-    assert "median |error| split" in ragged.table(rows, 4)
+    assert "median |error| split" in ragged.ragged_table(rows, 4)

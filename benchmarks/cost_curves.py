@@ -1,10 +1,17 @@
-"""A batched step whose sequences feed different numbers of tokens, measured against what the
-planner predicts for it from the cost curve (measured on even batches): priced as the forwards the
-runner runs it as (draftwise.backends.base.forward_parts; llama.cpp: equal-split ubatches), and as
-one forward padded to the longest feed. The server's runner and cached curve, so `draftwise serve
+"""Cost curves: the table of saved `draftwise profile` curves (results.md §3), and ragged batched
+steps measured against what the planner predicts for them (docs/planner.md, "Batches").
+
+`table`: ms per forward of k new tokens (logits at all k), one row per curve and batch size, with
+the ratio to k = 1 of the same batch size.
+
+`ragged`: a batched step whose sequences feed different numbers of tokens, measured against its
+prediction from the cost curve (measured on even batches): priced as the forwards the runner runs
+it as (draftwise.backends.base.forward_parts; llama.cpp: equal-split ubatches), and as one forward
+padded to the longest feed. The server's runner and cached curve, so `draftwise serve
 --max-running 16 --max-context 1024` on the same model prices steps exactly as here.
 
-    .venv/bin/python benchmarks/ragged_steps.py --model qwen2.5-coder-1.5b
+    .venv/bin/python benchmarks/cost_curves.py table docs/data/profile_*_method2_xeon.json
+    .venv/bin/python benchmarks/cost_curves.py ragged --model qwen2.5-coder-1.5b
 """
 from __future__ import annotations
 
@@ -12,11 +19,25 @@ import argparse
 import random
 import statistics
 import time
+from pathlib import Path
 
 from draftwise.backends.base import forward_parts, padded_parts
 from draftwise.planner import CostCurve
+from draftwise.profile import ProfileResult
 
-CONTEXT = 200  # tokens each sequence holds before the measured step
+CONTEXT = 200  # tokens each sequence holds before a measured ragged step
+
+
+def table(results: dict[str, ProfileResult]) -> str:
+    """One markdown table over every curve (name -> profile), k as columns."""
+    ks = sorted({r["k"] for res in results.values() for r in res.rows})
+    lines = ["| curve | b | " + " | ".join(f"k={k}" for k in ks) + " |", "|---" * (len(ks) + 2) + "|"]
+    for name, res in results.items():
+        for b in sorted({r["batch"] for r in res.rows}):
+            base = res.ms(b, 1)
+            cells = [f"{res.ms(b, k):.0f} ({res.ms(b, k) / base:.2f}×)" for k in ks]
+            lines.append(f"| {name} | {b} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def shapes(n: int, seed: int = 0) -> list[tuple[str, list[int]]]:
@@ -55,7 +76,7 @@ def measure(runner, curve: CostCurve, n: int, reps: int = 9) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict], n: int) -> str:
+def ragged_table(rows: list[dict], n: int) -> str:
     def err(r, key):
         return f"{100 * (r[key] / r['measured_ms'] - 1):+.0f}%"
     lines = [f"batch of {n}: measured ms | split prediction | padded prediction",
@@ -70,23 +91,30 @@ def table(rows: list[dict], n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("table", help="markdown table of saved profiles")
+    t.add_argument("profiles", nargs="+", help="JSON files written by `draftwise profile --out`")
+    r = sub.add_parser("ragged", help="ragged batched steps, measured against the predictions (llama.cpp)")
+    r.add_argument("--model", default="smollm2-135m")
+    r.add_argument("--batch", type=int, nargs="+", default=[8, 16])
+    r.add_argument("--max-running", type=int, default=16)
+    r.add_argument("--max-context", type=int, default=1024)
+    r.add_argument("--reps", type=int, default=9)
+    a = ap.parse_args(argv)
+    if a.cmd == "table":
+        print(table({Path(p).stem.removeprefix("profile_"): ProfileResult.load(p) for p in a.profiles}))
+        return
     from draftwise.build import EngineSpec, load_target
     from draftwise.profile import cached_profile
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--batch", type=int, nargs="+", default=[8, 16])
-    ap.add_argument("--max-running", type=int, default=16)
-    ap.add_argument("--max-context", type=int, default=1024)
-    ap.add_argument("--reps", type=int, default=9)
-    a = ap.parse_args(argv)
     spec = EngineSpec(target=a.model, backend="llama.cpp", max_running=a.max_running, max_context=a.max_context)
     runner, _ = load_target(spec)
     sizes = tuple(b for b in (1, 2, 4, 8, 16, 32) if b < a.max_running) + (a.max_running,)
     curve = CostCurve.from_profile(cached_profile(runner, sizes, range(1, 18)))
     print(f"{a.model}, llama.cpp, {spec.kernels} kernels")
     for n in a.batch:
-        print(table(measure(runner, curve, n, a.reps), n))
+        print(ragged_table(measure(runner, curve, n, a.reps), n))
 
 
 if __name__ == "__main__":
