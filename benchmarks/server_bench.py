@@ -74,7 +74,7 @@ def commands(a: argparse.Namespace) -> tuple[dict[str, list[str]], list[str]]:
     bench = CLI + ["bench", *endpoints, "--baseline", names[a.configs[0]],
                    "--target", a.model, "--workload", a.workload, "--n", str(a.n), "--max-tokens", str(a.max_tokens),
                    "--concurrency", *map(str, a.concurrency), "--repeats", str(a.repeats),
-                   "--warmup", "2", "--no-progress", "--out", a.out]
+                   "--warmup", "2", "--no-progress", "--out", a.out] + (["--goal", a.goal] if a.goal else [])
     return servers, bench
 
 
@@ -113,6 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--health-timeout", type=float, default=3600.0,
                     help="seconds to wait for each server's /health (auto measures the batch cost curves once: "
                          "~20 min for the 1.5B)")
+    ap.add_argument("--goal", default=None, help="the bench's service goal (docs/bench.md), e.g. \"speedup>=1.0\"")
     ap.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     a = ap.parse_args(argv)
     if a.configs is None:
