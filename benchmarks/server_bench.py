@@ -43,7 +43,7 @@ def llama_server_flags(config: str, draft_model: str) -> list[str]:
     if config in LLAMA_NGRAM:
         return ["--spec-type", config]
     if config == "draft":
-        return ["--spec-draft-model", gguf(draft_model)]
+        return ["--spec-type", "draft-simple", "--spec-draft-model", gguf(draft_model)]  # no type: no drafts
     raise SystemExit(f"configuration {config!r}: expected plain, draft or one of {', '.join(LLAMA_NGRAM)}")
 
 
