@@ -185,7 +185,11 @@ def cached_profile(runner: ModelRunner, batch_sizes: Sequence[int] = (1,), ks: I
         log(f"measuring the forward-cost curve of {ident.get('model') if ident else 'the model'} "
             f"({runner.backend}, k={ks[0]}..{ks[-1]}, batch {list(batch_sizes)}); kept for later runs")
     prof = profile_runner(runner, ks, batch_sizes, context_len, repeats=repeats, warmup=1)
-    if path is not None:
+    busy = os.getloadavg()[0] > 1.5 * (os.cpu_count() or 1)  # this measurement and more besides
+    if path is not None and not busy:
         prof.meta["identity"] = ident
         prof.save(path)
+    elif path is not None and log:
+        log(f"not caching the curve: load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores says "
+            "something else ran while it was measured; the next start measures it again")
     return prof

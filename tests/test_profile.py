@@ -148,6 +148,7 @@ def test_cached_profile_is_measured_again_when_the_method_changes(tmp_path, monk
 
     monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path))
     monkeypatch.setattr(prof, "runner_identity", lambda r: {"backend": "fake", "model": "sleep"})
+    monkeypatch.setattr(prof.os, "getloadavg", lambda: (0.5, 0.0, 0.0))  # a quiet machine: cached
     runner = SleepRunner()
     first = prof.cached_profile(runner, ks=(1, 2), context_len=8, repeats=1)
     calls = len(runner.timed_calls)
@@ -159,3 +160,18 @@ def test_cached_profile_is_measured_again_when_the_method_changes(tmp_path, monk
     files = list((tmp_path / "profiles").glob("fake-*.json"))
     assert len(files) == 2
     assert {json.loads(f.read_text())["meta"]["identity"]["method"] for f in files} == {prof.METHOD - 1, prof.METHOD}
+
+
+def test_a_curve_measured_on_a_busy_machine_is_used_but_not_cached(tmp_path, monkeypatch):
+    import draftwise.profile as prof
+
+    monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path))
+    monkeypatch.setattr(prof, "runner_identity", lambda r: {"backend": "fake", "model": "sleep"})
+    monkeypatch.setattr(prof.os, "getloadavg", lambda: (4.0 * (prof.os.cpu_count() or 1), 0.0, 0.0))
+    said = []
+    busy = prof.cached_profile(SleepRunner(), ks=(1, 2), context_len=8, repeats=1, log=said.append)
+    assert busy.rows and not list((tmp_path / "profiles").glob("*.json"))
+    assert any("not caching" in m for m in said)
+    monkeypatch.setattr(prof.os, "getloadavg", lambda: (0.5, 0.0, 0.0))
+    prof.cached_profile(SleepRunner(), ks=(1, 2), context_len=8, repeats=1)
+    assert len(list((tmp_path / "profiles").glob("*.json"))) == 1
