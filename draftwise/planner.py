@@ -300,11 +300,7 @@ class Plan:
     probe: bool = False  # a short draft to measure acceptance (the estimate alone says D = 0)
     seconds: float = 0.0  # predicted seconds of the round, catch-up included (0: a plain step's, 1 / plain_rate)
     step_rate: float = 0.0  # predicted tokens per second of the whole batched step (alone: rate)
-
-    @property
-    def expected(self) -> float:
-        """Tokens this request's round is expected to emit."""
-        return self.rate * self.seconds if self.d else 1.0
+    expected: float = 1.0  # tokens this request's round is expected to emit, E[N](d)
 
 
 @dataclass(slots=True)
@@ -417,7 +413,8 @@ class Planner:
                 r_probe = expected_tokens(up, best_d) / t_probe
                 if (r_probe > r_plain * (1 + self.margin)) if later else \
                         self._first_probe_pays(req, catch_up, t, r_plain, r_up):
-                    return Plan(best_d, best_r, r_plain, probe=True, seconds=t_probe, step_rate=best_r)
+                    return Plan(best_d, best_r, r_plain, probe=True, seconds=t_probe, step_rate=best_r,
+                                expected=expected_tokens(alpha, best_d))
             return plain
         if best_d == 0:
             return plain
@@ -430,9 +427,9 @@ class Planner:
                 best_d += 1
                 best_r = (others + expected_tokens(alpha, best_d)) / deeper
         stop = None if self.draft is None else self._stop_rule(alpha, best_d, best_r, n_seqs)
-        seconds = float(t[best_d - 1])
-        return Plan(best_d, expected_tokens(alpha, best_d) / seconds, r_plain, stop, seconds=seconds + catch_up,
-                    step_rate=best_r)
+        seconds, tokens = float(t[best_d - 1]), expected_tokens(alpha, best_d)
+        return Plan(best_d, tokens / seconds, r_plain, stop, seconds=seconds + catch_up, step_rate=best_r,
+                    expected=tokens)
 
     def _step_costs(self, d_max: int, batch: Batch) -> tuple[float, np.ndarray, float]:
         """(seconds of the batch's step with this request plain, [d_max] seconds of it with this

@@ -4,6 +4,7 @@ import threading
 
 import pytest
 
+from draftwise.backends.base import equal_split_parts
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
 from draftwise.sampling import SamplingParams
@@ -215,14 +216,7 @@ def test_planner_policy_prices_draft_catch_up_and_stops_drafts_early():
 
 class _Ragged(CycleRunner):
     """Splits a ragged batch as llama.cpp does with one KV stream per sequence."""
-    @staticmethod
-    def forward_parts(ks):
-        parts, done = [], 0
-        for i, k in enumerate(sorted(ks)):
-            if k > done:
-                parts.append((k - done, len(ks) - i))
-                done = k
-        return parts
+    forward_parts = staticmethod(equal_split_parts)
 
 
 class _OnlyAfterA:

@@ -52,6 +52,18 @@ def padded_parts(ks: list[int]) -> list[tuple[int, int]]:
     return [(max(ks), len(ks))]
 
 
+def equal_split_parts(ks: list[int]) -> list[tuple[int, int]]:
+    """Forwards of equally many tokens of each sequence in them (llama.cpp's split_equal, one KV
+    stream per sequence): every sequence's first min(ks) tokens, then the longer sequences' next
+    tokens up to the next length, and so on: (k, b) per forward."""
+    parts, done = [], 0
+    for i, k in enumerate(sorted(ks)):
+        if k > done:
+            parts.append((k - done, len(ks) - i))
+            done = k
+    return parts
+
+
 def forward_parts(runner, ks: list[int]) -> list[tuple[int, int]]:
     """The forwards, (k tokens per sequence, b sequences) each, that one batched forward of these
     per-sequence token counts runs as: what a cost curve measured on even batches prices it by.

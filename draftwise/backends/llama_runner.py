@@ -25,7 +25,7 @@ import llama_cpp as _ll
 import numpy as np
 import torch
 
-from draftwise.backends.base import check_forward_args
+from draftwise.backends.base import check_forward_args, equal_split_parts
 from draftwise.machine import cpu_flags, physical_cores
 
 _LOG_CALLBACK = None  # must outlive every llama.cpp call: C keeps the bare pointer
@@ -149,19 +149,9 @@ class LlamaRunner:
 
     # --- forward ---------------------------------------------------------------------------
 
-    @staticmethod
-    def forward_parts(ks: list[int]) -> list[tuple[int, int]]:
-        """How llama.cpp runs a batch of ks[i] new tokens for sequence i with one KV stream per
-        sequence: ubatches of equally many tokens of each sequence in them (split_equal), so
-        first every sequence's first min(ks) tokens, then the longer sequences' next tokens up to
-        the next length, and so on: (k, b) per ubatch. (Past n_batch tokens more splits follow;
-        a step stays far below it.)"""
-        parts, done = [], 0
-        for i, k in enumerate(sorted(ks)):
-            if k > done:
-                parts.append((k - done, len(ks) - i))
-                done = k
-        return parts
+    # a batch runs as ubatches of equally many tokens per sequence (split_equal; past n_batch
+    # tokens more splits follow, and a decoding step stays far below it)
+    forward_parts = staticmethod(equal_split_parts)
 
     def forward(self, seq_ids: list[int], tokens: list[list[int]], num_logits: list[int]) -> list[torch.Tensor]:
         check_forward_args(seq_ids, tokens, num_logits)
