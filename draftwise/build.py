@@ -5,7 +5,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from draftwise.backends.head_runner import HeadRunner
 from draftwise.drafters.auto import AutoDrafter
+from draftwise.drafters.head import HeadDrafter
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter
@@ -16,7 +18,7 @@ from draftwise.policy import make_policy
 from draftwise.request import check_draft_len
 from draftwise.scheduler import Scheduler
 
-DRAFTERS = ("none", "model", "ngram", "suffix", "auto")
+DRAFTERS = ("none", "model", "ngram", "suffix", "head", "auto")
 AUTO_MEMBERS = ("ngram", "suffix")  # what --drafter auto chooses among, with none
 # llama.cpp's CPU kernels. "repacked" (its extra buffer types, as llama_cpp.Llama loads) steps one
 # token faster than "standard" and processes a long prompt slower; which verifies several tokens
@@ -49,6 +51,7 @@ class ModelFields:
     max_context: int | None = None  # tokens per sequence
     ngram_min: int = 2
     ngram_max: int = 4
+    head: str | None = None  # the head drafter's checkpoint: a directory or a packaged head's name; None: the target's packaged head
     suffix_max_nodes: int = 200_000  # the suffix drafter's trie over recent outputs, ~270 bytes a node
     n_batch: int | None = None  # llama.cpp only: tokens per decode call
     kernels: str = "auto"  # llama.cpp only: "repacked" | "standard" | "auto" (resolve_kernels)
@@ -131,10 +134,19 @@ def faster_kernels(spec: EngineSpec, log=None) -> tuple[str, tuple]:
     return best[1], best[2]
 
 
-def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_runner=None):
+def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_runner=None, target=None):
     """The drafter the spec names (or `kind`), None for plain decoding. A draft model's runner is
-    loaded unless `draft_runner` is given (one loaded model serves several drafters)."""
+    loaded unless `draft_runner` is given (one loaded model serves several drafters); a head
+    reads the `target` runner's embedding, LM head and sizes."""
     kind = kind or spec.drafter
+    if kind == "head":
+        from draftwise.models.head import load_head
+        from draftwise.models.heads import resolve_head
+
+        if draft_runner is None:
+            path = resolve_head(spec.head, spec.target)
+            draft_runner = HeadRunner(load_head(path, target), str(path / "model.safetensors"), target.max_context)
+        return HeadDrafter(draft_runner)
     if kind == "auto":
         return AutoDrafter({m: load_drafter(spec, tokenizer, m) for m in AUTO_MEMBERS})
     if kind == "ngram":
@@ -154,7 +166,7 @@ def build_engine(spec: EngineSpec, target=None, **engine_kw):
     """Engine for the spec; pass an already loaded (runner, tokenizer) as target to reuse it.
     Returns (engine, target_runner, tokenizer)."""
     runner, tok = target or load_target(spec)
-    drafter = load_drafter(spec, tok)
+    drafter = load_drafter(spec, tok, target=runner)
     policy = make_policy(spec.num_draft_tokens, runner, drafter)
     return Engine(runner, tok, drafter, spec.num_draft_tokens, policy=policy, max_running=spec.max_running,
                   **engine_kw), runner, tok
@@ -165,7 +177,7 @@ def build_scheduler(spec: EngineSpec, observer=None, max_queue: int = 64, spec_o
     """A Scheduler for the spec (the server's loop), its `auto` planner priced at the batch sizes
     it can run; scheduler_kw go to Scheduler. Returns (scheduler, tokenizer)."""
     runner, tok = load_target(spec)
-    drafter = load_drafter(spec, tok)
+    drafter = load_drafter(spec, tok, target=runner)
     sizes = tuple(b for b in (1, 2, 4, 8, 16, 32) if b < spec.max_running) + (spec.max_running,)
     policy = make_policy(spec.num_draft_tokens, runner, drafter, batch_sizes=sizes, off_above=spec_off_above)
     return Scheduler(runner, tok, drafter, policy, spec.max_running, max_queue, observer=observer,

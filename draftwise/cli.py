@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from collections import Counter
 
 # A code edit that keeps most of its input: where speculation pays (docs/results.md)
@@ -48,8 +49,8 @@ def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
     if drafting:
         p.add_argument("--drafter", choices=DRAFTERS, default=d["drafter"].default,
                        help="ngram: prompt lookup; suffix: suffix tries over the request and recent outputs; "
-                       "model: the draft model; auto: n-gram or suffix, chosen every round (with D auto); "
-                       "none: plain decoding")
+                       "model: the draft model; head: a draft head on the target's features (--head); auto: n-gram "
+                       "or suffix, chosen every round (with D auto); none: plain decoding")
         p.add_argument("--num-draft-tokens", type=_draft_len, default=d["num_draft_tokens"].default,
                        help="D per round: an integer, or auto (default): chosen every round from the measured "
                             "forward-cost curves and the request's acceptance, 0 (plain) included")
@@ -64,6 +65,8 @@ def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
                    help="llama.cpp: repacked kernels step one token faster and process long prompts slower; "
                    "auto (default): repacked for plain decoding, and when drafting the kernels whose measured "
                    "forwards of 1..8 tokens are faster on this machine (docs/usage.md)")
+    p.add_argument("--head", default=None, help="head drafter: a packaged head's name or a head directory "
+                   "(draftwise's or an EAGLE-3 checkpoint); default: the target's packaged head")
     p.add_argument("--ngram-min", type=int, default=d["ngram_min"].default)
     p.add_argument("--ngram-max", type=int, default=d["ngram_max"].default)
     p.add_argument("--suffix-max-nodes", type=int, default=d["suffix_max_nodes"].default,
@@ -163,6 +166,21 @@ def cmd_models(a) -> int:
         else:
             m = PACKAGED[name]
             print(f"{name:22} {m.filename:45} sha256 {m.sha256[:16]}…  {m.licence}")
+    return 0
+
+
+def cmd_train_head(a) -> int:
+    from draftwise.models.load import load_runner
+    from draftwise.train_head import TrainConfig, extract, train
+
+    cfg = TrainConfig(a.out, a.max_tokens, a.answers, a.answer_tokens, a.seq_len, a.draft_vocab, a.intermediate,
+                      a.ttt_steps, a.epochs, a.batch, a.lr)
+    runner, tok = load_runner(a.target, a.backend or "llama.cpp", a.threads, None,
+                              **({"n_batch": cfg.seq_len} if (a.backend or "llama.cpp") == "llama.cpp" else {}))
+    extract(cfg, runner, tok)
+    out = train(cfg, runner)
+    print(f"head written to {Path(a.out) / 'head'}; held-out teacher-forced acceptance per position: "
+          f"{', '.join(f'{x:.3f}' for x in out['epochs'][-1]['acceptance_per_position'])}")
     return 0
 
 
@@ -478,6 +496,23 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--baseline-endpoint", default=None, help="the same engine without speculation")
     pl.add_argument("--no-progress", action="store_true")
     pl.set_defaults(fn=cmd_plan)
+
+    th = sub.add_parser("train-head", help="train a draft head (--drafter head) on the target's own features")
+    th.add_argument("--target", default="qwen2.5-coder-1.5b")
+    th.add_argument("--backend", choices=("torch", "llama.cpp"), default=None, help="feature extraction (default llama.cpp)")
+    th.add_argument("--threads", type=int, default=None)
+    th.add_argument("--out", default="results/head", help="features, checkpoints and the head (OUT/head)")
+    th.add_argument("--max-tokens", type=int, default=120_000, help="text tokens to train on")
+    th.add_argument("--answers", type=int, default=32, help="instructions the target answers first (its own text)")
+    th.add_argument("--answer-tokens", type=int, default=160)
+    th.add_argument("--seq-len", type=int, default=512)
+    th.add_argument("--draft-vocab", type=int, default=8192)
+    th.add_argument("--intermediate", type=int, default=1536, help="the head's MLP width")
+    th.add_argument("--ttt-steps", type=int, default=3, help="draft steps unrolled in training")
+    th.add_argument("--epochs", type=int, default=2)
+    th.add_argument("--batch", type=int, default=4)
+    th.add_argument("--lr", type=float, default=6e-4)
+    th.set_defaults(fn=cmd_train_head)
 
     p = sub.add_parser("profile", help="time one forward over k new tokens (logits at all k), per k and batch")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")

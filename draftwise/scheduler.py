@@ -146,6 +146,8 @@ class Scheduler:
         # how a step's forward runs, per-sequence token counts -> (k, b) forwards: what prices it
         self._split = padded_parts if pad_ragged else partial(forward_parts, target)
         self.reserve_draft = reserve_draft
+        # a drafter that reads the target's features (the head) gets them from every target forward
+        self._features = getattr(drafter, "features", None) is not None
         self._waiting: deque[Request] = deque()
         self._running: list[RequestState] = []
         self._prefix: _Prefix | None = None
@@ -350,7 +352,11 @@ class Scheduler:
         st.gen = None if p.greedy else p.generator()
         t = time.perf_counter()
         if logits is None:
-            logits = self.target.forward([st.seq], [req.prompt_ids], [1])[0]  # [1, V]
+            k = min(self.drafter.window, len(req.prompt_ids)) if self._features else 1  # rows the head reads
+            logits, feats = self._target_forward([st.seq], [req.prompt_ids], [k])
+            logits = logits[0][-1:]  # [1, V]
+            if self._features:
+                self.drafter.observe(st.key, len(req.prompt_ids) - k, feats[0])
             dt = time.perf_counter() - t
             self.observer.forward("prefill", 1, len(req.prompt_ids), dt)
             self.observer.phase("prefill", dt)
@@ -384,7 +390,7 @@ class Scheduler:
         t = time.perf_counter()
         for (st, prop, shadow), rows in zip(live, logits):
             if rows is not None:
-                self._try(st, self._commit_round, st, prop, shadow, rows, t_fwd, t_step)
+                self._try(st, self._commit_round, st, prop, shadow, *rows, t_fwd, t_step)
         t_other = time.perf_counter() - t
         self.observer.phase("other", t_other)
         if batched:  # a step of retries is no measure of the batched forward's cost
@@ -393,11 +399,13 @@ class Scheduler:
                                                self._split(ks)))
 
     def _commit_round(self, st: RequestState, prop: Proposal, shadow: int | None, rows: torch.Tensor,
-                      t_fwd: float, t_step: float) -> None:
+                      feats: torch.Tensor | None, t_fwd: float, t_step: float) -> None:
         t_req = time.perf_counter()
         rows = rows[: len(prop.tokens) + 1]  # [d+1, V]
         res = self._verify(rows, prop, st.req.params, st.gen)
         self.target.truncate(st.seq, len(st.ctx) + res.num_accepted)  # drop the rejected draft's KV
+        if feats is not None:  # the features of the positions the target KV now holds
+            self.drafter.observe(st.key, len(st.ctx) - 1, feats[: res.num_accepted + 1])
         st.stats.verify_s += t_fwd + time.perf_counter() - t_req  # each request waited for all the forward
         if prop.tokens:
             st.stats.record_round(len(prop.tokens), res.num_accepted)
@@ -411,23 +419,32 @@ class Scheduler:
         self._commit(st, res.tokens, bool(prop.tokens), _logprobs(st.req, rows[: len(res.tokens)], res.tokens))
 
     def _forward(self, batch: list[RequestState], feeds: list[list[int]]) -> tuple[list, bool]:
-        """(logits per sequence, whether the batched forward went through). If it fails, each
-        sequence is retried alone once: a fault fails only the requests whose own forward fails
-        (their logits are None)."""
+        """((logits, features or None) per sequence, whether the batched forward went through).
+        If it fails, each sequence is retried alone once: a fault fails only the requests whose
+        own forward fails (theirs is None)."""
         try:
-            return self.target.forward([st.seq for st in batch], feeds, [len(f) for f in feeds]), True
+            return list(zip(*self._target_forward([st.seq for st in batch], feeds, [len(f) for f in feeds]))), True
         except Exception as e:  # noqa: BLE001
             log.warning("a batched forward of %d sequences failed; retrying each alone", len(batch), exc_info=e)
             self.observer.fault("forward")
         return [self._try(st, self._forward_alone, st, f) for st, f in zip(batch, feeds)], False
 
-    def _forward_alone(self, st: RequestState, feed: list[int]) -> torch.Tensor:
+    def _forward_alone(self, st: RequestState, feed: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = len(st.ctx) - 1  # the KV invariant: every committed token but the last
         if self.target.length(st.seq) > n:
             self.target.truncate(st.seq, n)  # whatever the failed forward left behind
         if self.target.length(st.seq) != n:
             raise RuntimeError("the failed forward lost this sequence's KV state")
-        return self.target.forward([st.seq], [feed], [len(feed)])[0]
+        logits, feats = self._target_forward([st.seq], [feed], [len(feed)])
+        return logits[0], feats[0]
+
+    def _target_forward(self, seqs: list[int], feeds: list[list[int]], ks: list[int]) -> tuple[list, list]:
+        """(logits [k, V] per sequence, the target's features [k, F] there when the drafter reads
+        them, else None): the runner computes features only for a scheduler whose drafter does."""
+        if self._features or getattr(self.target, "features", None) is not None:  # runners shared by engines
+            self.target.features = self.drafter.features if self._features else None
+        logits = self.target.forward(seqs, feeds, ks)
+        return logits, self.target.last_features if self._features else [None] * len(seqs)
 
     def _propose(self, batch: list[RequestState]):
         """(proposals, shadows, draft-model forwards, tokens caught up on) for the batch: a

@@ -102,6 +102,12 @@ class LlamaRunner:
         self.n_batch = int(_ll.llama_n_batch(self._ctx))
         self.max_context = min(n_ctx, int(_ll.llama_n_ctx_seq(self._ctx)))
         self.n_threads = threads
+        self.hidden_size = int(_ll.llama_model_n_embd(self._model))
+        self.num_layers = int(_ll.llama_model_n_layer(self._model))
+        # features: None = none; [] = the last layer's normed state (llama.cpp's per-token
+        # embeddings, from the same decode as the logits), for the same rows, in last_features
+        self._features: list[int] | None = None
+        self.last_features: list[torch.Tensor] = []
 
         # One batch, reused: numpy views over its token/pos/logits arrays are filled by slices.
         # llama_batch_init mallocs each token's seq_id list apart, so those are written one by one,
@@ -149,6 +155,17 @@ class LlamaRunner:
 
     # --- forward ---------------------------------------------------------------------------
 
+    @property
+    def features(self) -> list[int] | None:
+        return self._features
+
+    @features.setter
+    def features(self, layers: list[int] | None) -> None:
+        if layers:
+            raise ValueError(f"llama.cpp returns only the last layer's state, not layers {layers}")
+        self._features = layers
+        _ll.llama_set_embeddings(self._ctx, layers is not None)
+
     # a batch runs as ubatches of equally many tokens per sequence (split_equal; past n_batch
     # tokens more splits follow, and a decoding step stays far below it)
     forward_parts = staticmethod(equal_split_parts)
@@ -180,13 +197,15 @@ class LlamaRunner:
         for off, n, k in zip(offsets, counts, num_logits):
             want[off + n - k: off + n] = 1
 
-        rows = []  # [n_out, V] per decode, copied: llama.cpp reuses its logits buffer
+        rows, feats = [], []  # [n_out, V] and [n_out, H] per decode, copied: llama.cpp reuses its buffers
         try:
             for lo in range(0, total, self.n_batch):
                 hi = min(lo + self.n_batch, total)
                 self._decode(tok[lo:hi], pos[lo:hi], seq[lo:hi], want[lo:hi])
                 if want[lo:hi].any():
                     rows.append(self._read_logits(want[lo:hi]))
+                    if self._features is not None:
+                        feats.append(self._read_rows(_ll.llama_get_embeddings_ith, want[lo:hi], self.hidden_size))
         except BaseException:
             for s, start in zip(seq_ids, starts):  # a failed or split decode may leave cells behind
                 _ll.llama_memory_seq_rm(self._mem, s, start, -1)
@@ -200,6 +219,10 @@ class LlamaRunner:
         for k in num_logits:
             out.append(logits[r: r + k])  # [k, V]
             r += k
+        if self._features is not None:
+            f = torch.from_numpy(np.concatenate(feats)) if feats else torch.empty(0, self.hidden_size)
+            ends = np.cumsum(num_logits)
+            self.last_features = [f[e - k: e] for e, k in zip(ends, num_logits)]  # [k, H] each
         return out
 
     def _decode(self, tok: np.ndarray, pos: np.ndarray, seq: np.ndarray, want: np.ndarray) -> None:
@@ -215,18 +238,32 @@ class LlamaRunner:
                                "(1: no KV slot, -1: invalid batch, 2: aborted, < -1: fatal)")
 
     def _read_logits(self, want: np.ndarray) -> np.ndarray:  # -> [n_out, V] float32
+        return self._read_rows(_ll.llama_get_logits_ith, want, self.vocab_size)
+
+    def _read_rows(self, get, want: np.ndarray, width: int) -> np.ndarray:  # -> [n_out, width] float32
         idx = np.flatnonzero(want)
-        V = self.vocab_size
-        first = _ll.llama_get_logits_ith(self._ctx, int(idx[0]))
-        last = _ll.llama_get_logits_ith(self._ctx, int(idx[-1]))
+        first = get(self._ctx, int(idx[0]))
+        last = get(self._ctx, int(idx[-1]))
         if not first or not last:
-            raise RuntimeError("llama.cpp returned no logits for a requested position")
+            raise RuntimeError("llama.cpp returned no output rows for a requested position")
         a0 = ctypes.cast(first, ctypes.c_void_p).value
         a1 = ctypes.cast(last, ctypes.c_void_p).value
-        if a1 - a0 == (len(idx) - 1) * V * 4:  # outputs stored in batch order: one block
-            return np.ctypeslib.as_array(first, shape=(len(idx), V)).copy()
-        return np.stack([np.ctypeslib.as_array(_ll.llama_get_logits_ith(self._ctx, int(i)), shape=(V,))
+        if a1 - a0 == (len(idx) - 1) * width * 4:  # outputs stored in batch order: one block
+            return np.ctypeslib.as_array(first, shape=(len(idx), width)).copy()
+        return np.stack([np.ctypeslib.as_array(get(self._ctx, int(i)), shape=(width,))
                          for i in idx])  # np.stack copies
+
+    def embedding_tables(self):
+        """(input embedding [V, H], rows(ids) -> the LM head's rows [len(ids), H]) as float32,
+        dequantised from the GGUF file (the `gguf` package transformers' GGUF loader uses)."""
+        import gguf
+        from gguf.quants import dequantize
+
+        tensors = {t.name: t for t in gguf.GGUFReader(self.model_path).tensors}
+        emb = torch.from_numpy(dequantize(tensors["token_embd.weight"].data, tensors["token_embd.weight"].tensor_type))
+        out = tensors.get("output.weight")  # absent: tied to the embedding
+        lm = emb if out is None else torch.from_numpy(dequantize(out.data, out.tensor_type))
+        return emb.reshape(self.vocab_size, -1).float(), lambda ids: lm.reshape(self.vocab_size, -1)[ids].float()
 
     # --- extras ----------------------------------------------------------------------------
 

@@ -38,6 +38,12 @@ class TorchRunner:
         self.pad = packed_linear.choose_pad(self.model, cache_dir() / "kernels") if self.packed == "onednn" else ()
         packed_linear.set_pad(self.model, self.pad)
         self.max_context = int(max_context or getattr(cfg, "max_position_embeddings", 4096))
+        self.hidden_size = int(cfg.hidden_size)
+        self.num_layers = int(cfg.num_hidden_layers)
+        # features: None = none; [] = the last layer's normed state; [i, ...] = the inputs of layers
+        # i, ... concatenated (EAGLE-3), for the same rows as the logits, in last_features
+        self.features: list[int] | None = None
+        self.last_features: list[torch.Tensor] = []
         self._caches: dict[int, DynamicCache] = {}
         self._ids = itertools.count()
 
@@ -54,16 +60,29 @@ class TorchRunner:
     @torch.inference_mode()
     def forward(self, seq_ids: list[int], tokens: list[list[int]], num_logits: list[int]) -> list[torch.Tensor]:
         check_forward_args(seq_ids, tokens, num_logits)
-        out = []
+        out, feats = [], []
+        want = self.features is not None
         for seq, toks, k in zip(seq_ids, tokens, num_logits):
             cache = self._caches[seq]
             if cache.get_seq_length() + len(toks) > self.max_context:
                 raise ValueError(f"sequence {seq} would exceed the context of {self.max_context} tokens")
             ids = torch.tensor([toks], dtype=torch.long, device=self.device)  # [1, n]
-            res = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=max(k, 1))
+            res = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=max(k, 1),
+                             output_hidden_states=want)
             logits = res.logits[0, -k:] if k else res.logits[0, :0]  # [k, V]
             out.append(logits.float().cpu())  # verification runs on the host, for either device
+            if want:
+                hs = res.hidden_states  # [embeddings, input of layer 1, ..., the last layer's normed output]
+                f = torch.cat([hs[i] for i in self.features], -1) if self.features else hs[-1]  # [1, n, F]
+                feats.append(f[0, len(toks) - k:].float().cpu())  # [k, F]
+        self.last_features = feats
         return out
+
+    def embedding_tables(self):
+        """(input embedding [V, H], rows(ids) -> the LM head's rows [len(ids), H]) as float32."""
+        emb = self.model.get_input_embeddings().weight.detach().float().cpu()
+        lm = self.model.get_output_embeddings().weight.detach()
+        return emb, lambda ids: lm[ids.to(lm.device)].float().cpu()
 
     def truncate(self, seq_id: int, n: int) -> None:
         cache = self._caches[seq_id]

@@ -41,12 +41,11 @@ def build_engines(cfg: BenchConfig) -> dict[str, Engine]:
     spec = cfg.engine_spec()
     runner, tok = load_target(spec)
     run_cfgs = cfg.run_configs()
-    draft_runner = None
-    if any(c.drafter == "model" for c in run_cfgs):
-        draft_runner = load_drafter(spec, tok, "model").runner
+    shared = {k: load_drafter(spec, tok, k, target=runner).runner  # the draft model / head, loaded once
+              for k in ("model", "head") if any(c.drafter == k for c in run_cfgs)}
     out = {}
     for c in run_cfgs:  # one drafter per engine (its own request state) over the one draft runner
-        drafter = load_drafter(spec, tok, c.drafter, draft_runner)
+        drafter = load_drafter(spec, tok, c.drafter, shared.get(c.drafter), target=runner)
         policy = make_policy(c.num_draft_tokens, runner, drafter, batch_sizes=_batch_sizes(cfg))
         out[c.name] = Engine(runner, tok, drafter, c.num_draft_tokens, policy=policy,
                              max_running=spec.max_running)

@@ -1,0 +1,94 @@
+"""Head drafting (EAGLE style): a small head reads the target's own features and drafts.
+
+Position j of the head reads token x_j and the target's feature of position j-1 (the state the
+target's forward ended in there, which its LM head turned into the distribution of x_j), and
+predicts x_{j+1}. The scheduler hands the drafter the target's features of every position it
+commits (`observe`): the target KV holds every committed token but the last, so after each step
+the features of all context positions but the last are known, which is exactly what a catch-up
+of the head up to the last committed token needs. Drafted tokens are fed with the head's own
+output at the position before them; next round they are fed again with the target's features
+(the head's KV keeps only positions fed with the target's).
+
+The prompt: the scheduler asks the target for the features of the prompt's last `window`
+positions (each costs one LM-head row), so the head attends over those and everything after.
+
+Acceptance is the engine's usual rule: q is the head's softmax over its draft vocabulary (zero
+elsewhere), so min(1, p/q) and the residual keep the target's distribution at any temperature.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from draftwise.backends.head_runner import HeadRunner
+from draftwise.drafters.model import ModelDrafter, _common_prefix
+
+WINDOW = 64  # prompt positions whose features the head reads (each one LM-head row at prefill)
+
+
+@dataclass(slots=True)
+class _HeadSeq:
+    seq: int | None = None  # head runner sequence (opened at the first propose)
+    fed: list[int] = field(default_factory=list)  # context[:base] then the tokens in the head's KV
+    real: int = 0  # fed[:real] were fed with the target's features
+    base: int = 0  # context index of the head's first position
+    fbase: int = 0  # context index of feats[0]
+    feats: torch.Tensor | None = None  # [m, F] the target's features of positions fbase..fbase+m-1
+
+
+class HeadDrafter(ModelDrafter):
+    name = "head"
+    cheap = False
+
+    def __init__(self, runner: HeadRunner, window: int = WINDOW):
+        super().__init__(runner)
+        self.window = window
+        self.features = runner.head.config.feature_layers  # what the target must return: see TorchRunner.features
+        self._seqs: dict[int, _HeadSeq] = {}
+
+    def observe(self, seq_key: int, start: int, feats: torch.Tensor) -> None:
+        """feats [n, F]: the target's features of context positions start..start+n-1."""
+        st = self._seqs.setdefault(seq_key, _HeadSeq())
+        if st.feats is None or start < st.fbase or start > st.fbase + len(st.feats):
+            st.feats, st.fbase = feats, start  # first features, or a gap: start over from these
+            return
+        st.feats = torch.cat([st.feats[: start - st.fbase], feats])
+
+    def _reconcile(self, seq_key: int, context: list[int]):
+        """Roll the head back to the longest prefix of the context it was fed with the target's
+        features, and hand the runner the features of the catch-up (context[len(fed):])."""
+        st = self._seqs.get(seq_key)
+        if st is None or st.feats is None:
+            raise RuntimeError("the head drafter has no target features for this request "
+                               "(the target runner must return them: runner.features)")
+        L = len(context)
+        known = min(st.fbase + len(st.feats), L - 1)  # positions < known have features
+        if known < L - 1:
+            raise RuntimeError(f"the head has target features up to position {known}, the context "
+                               f"needs them up to {L - 2}")
+        st.feats = st.feats[: known - st.fbase]
+        keep = min(_common_prefix(st.fed, context), st.real, L - 1)
+        if st.seq is None or keep <= st.base:  # (re)start the head after the first known feature
+            if st.seq is not None:
+                self.runner.free(st.seq)
+            st.seq, st.base = self.runner.new_sequence(), st.fbase + 1
+            keep = st.base
+            st.fed = list(context[: st.base])
+        elif keep < len(st.fed):
+            self.runner.truncate(st.seq, keep - st.base)
+            del st.fed[keep:]
+        st.real = L  # the catch-up forward feeds every context token with the target's features
+        self.runner.give_features(st.seq, st.feats[keep - 1 - st.fbase: L - 1 - st.fbase])
+        return st
+
+    def pending(self, seq_key: int, context: list[int]) -> int:
+        st = self._seqs.get(seq_key)
+        if st is None or st.seq is None:
+            return max(1, min(self.window, len(context)))
+        return len(context) - max(st.base, min(_common_prefix(st.fed, context), st.real))
+
+    def release(self, seq_key: int) -> None:
+        st = self._seqs.pop(seq_key, None)
+        if st is not None and st.seq is not None:
+            self.runner.free(st.seq)
