@@ -229,7 +229,8 @@ def cmd_verify(a) -> int:
 def _bench_args(b: argparse.ArgumentParser) -> None:
     _model_args(b, drafting=False)
     b.add_argument("--configs", nargs="+", default=["plain", "ngram:4", "model:4"],
-                   help="plain, ngram:D, model:D; a comma list of D sweeps it (ngram:2,4,8)")
+                   help="plain, or DRAFTER:D with DRAFTER ngram | suffix | model | head | auto and D an integer "
+                   "or auto; a comma list of D sweeps it (ngram:2,4,8,auto)")
     b.add_argument("--baseline", default="plain")
     b.add_argument("--workload", default="editeval", help="editeval | humaneval | specbench | mtbench | prose | "
                    "a Spec-Bench category | a .jsonl file; comma-separated to combine")

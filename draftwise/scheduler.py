@@ -352,11 +352,14 @@ class Scheduler:
         st.gen = None if p.greedy else p.generator()
         t = time.perf_counter()
         if logits is None:
-            k = min(self.drafter.window, len(req.prompt_ids)) if self._features else 1  # rows the head reads
+            # the rows whose features the head reads: a runner whose features cost an LM-head row
+            # each (llama.cpp) gives the last `window`; one whose features are free, all
+            k = 1 if not self._features or getattr(self.target, "all_features", False) \
+                else min(self.drafter.window, len(req.prompt_ids))
             logits, feats = self._target_forward([st.seq], [req.prompt_ids], [k])
             logits = logits[0][-1:]  # [1, V]
             if self._features:
-                self.drafter.observe(st.key, len(req.prompt_ids) - k, feats[0])
+                self.drafter.observe(st.key, len(req.prompt_ids) - len(feats[0]), feats[0])
             dt = time.perf_counter() - t
             self.observer.forward("prefill", 1, len(req.prompt_ids), dt)
             self.observer.phase("prefill", dt)
@@ -439,8 +442,9 @@ class Scheduler:
         return logits[0], feats[0]
 
     def _target_forward(self, seqs: list[int], feeds: list[list[int]], ks: list[int]) -> tuple[list, list]:
-        """(logits [k, V] per sequence, the target's features [k, F] there when the drafter reads
-        them, else None): the runner computes features only for a scheduler whose drafter does."""
+        """(logits [k, V] per sequence, the target's features of the feed's last rows, at least k,
+        when the drafter reads them, else None): the runner computes features only for a
+        scheduler whose drafter does."""
         if self._features or getattr(self.target, "features", None) is not None:  # runners shared by engines
             self.target.features = self.drafter.features if self._features else None
         logits = self.target.forward(seqs, feeds, ks)

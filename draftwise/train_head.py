@@ -184,15 +184,15 @@ def ttt_losses(head: DraftHead, tok: torch.Tensor, feats: torch.Tensor, greedy: 
     target's greedy token after each position; t2d: [V] draft id of each target id (-1: none).
     Head position j reads token j and the feature of j-1 and predicts token j+1; chain i starts
     at position i+1 (the last target-fed position) and its step s sits at position i+s.
-    -> (loss, top-1 agreement per step, (chains whose first s drafts equal the target's greedy
-    tokens, chains) per step, the head's argmax draft ids [B, T-s] per step)."""
+    -> (loss, top-1 agreement per step, alive per step: [B, T-s] whether chain i's first s drafts
+    all equal the target's greedy tokens, the head's argmax draft ids [B, T-s] per step)."""
     B, T, _ = feats.shape
     n = T - 1
     with torch.no_grad():  # the target's distribution over the draft vocabulary at positions 1..T-1
         p = torch.softmax(head.target_logits(feats[:, 1:]), -1)  # [B, n, dv]
     want = t2d[greedy]  # [B, T] draft id of the target's greedy token (-1: outside the draft vocabulary)
     hid = head.fc(feats[:, :-1].to(head.fc.weight.dtype))  # [B, n, H]: position i+1 reads feature i
-    past, loss, top1, counts, preds = None, 0.0, [], [], []
+    past, loss, top1, alives, preds = None, 0.0, [], [], []
     alive = torch.ones(B, n, dtype=torch.bool)
     idx = torch.arange(n)
     for s in range(1, steps + 1):
@@ -217,9 +217,9 @@ def ttt_losses(head: DraftHead, tok: torch.Tensor, feats: torch.Tensor, greedy: 
             fed = tok[:, s: s + m] == greedy[:, s - 1: s - 1 + m] if s > 1 else True  # the token fed is the draft
             alive = alive[:, :m] & hit & fed
             top1.append(hit.float().mean().item())
-            counts.append((int(alive.sum()), B * m))
+            alives.append(alive)
         past, hid = (k, v), out  # step s+1 of chain i reads step s's output of chain i
-    return loss, top1, counts, preds
+    return loss, top1, alives, preds
 
 
 def _batches(seqs: list[dict], batch: int, gen: torch.Generator):
@@ -239,11 +239,17 @@ def evaluate(head: DraftHead, seqs: list[dict], steps: int, t2d: torch.Tensor, b
     with torch.no_grad():
         for tok, feats, am in _batches(seqs, batch, torch.Generator().manual_seed(0)):
             _, _, alive, _ = ttt_losses(head, tok, feats, am, steps, t2d)
-            for s, (a, n) in enumerate(alive):
-                hits[s] += a
-                tot[s] += n
-    chain = [h / max(t, 1) for h, t in zip(hits, tot)]  # P(first s all accepted)
-    per_pos = [chain[0]] + [chain[s] / max(chain[s - 1], 1e-9) for s in range(1, steps)]
+            for s, a in enumerate(alive):
+                hits[s] += int(a.sum())
+                tot[s] += a.numel()
+    return acceptance(hits, tot)
+
+
+def acceptance(hits: list[int], chains: list[int]) -> dict:
+    """Per draft position k: of the chains whose first k-1 drafts were accepted, the share whose
+    k-th is; `chain`: P(the first k all accepted); their sum is the expected accepted length."""
+    chain = [h / max(t, 1) for h, t in zip(hits, chains)]
+    per_pos = [chain[0]] + [chain[s] / max(chain[s - 1], 1e-9) for s in range(1, len(chain))]
     return {"acceptance_per_position": per_pos, "chain": chain, "expected_accepted": sum(chain)}
 
 
@@ -283,7 +289,7 @@ def train(cfg: TrainConfig, runner, log=None) -> dict:
     log(f"head: {sum(p.numel() for p in head.parameters() if p.requires_grad) / 1e6:.1f} M trainable parameters; "
         f"draft vocabulary {len(ids)} covers {cover:.1%} of the held-out greedy tokens; "
         f"{len(train_seqs)} training / {held} held-out sequences; {total} steps")
-    t0 = time.perf_counter()
+    t0, base = time.perf_counter(), state["seconds"]
     tok_since, ema = 0, None
     while state["step"] < total:
         epoch = state["step"] // steps_per_epoch
@@ -307,7 +313,7 @@ def train(cfg: TrainConfig, runner, log=None) -> dict:
             print(f"\rstep {state['step']}/{total} | {rate:.0f} tok/s | loss {ema[0]:.3f} | top-1 {ema[1]:.3f} | "
                   f"ETA {eta / 60:.1f} min   ", end="", file=sys.stderr, flush=True)
             if state["step"] % cfg.save_every == 0:
-                _save(ckpt, head, opt, sched, state, el, t0)
+                _save(ckpt, head, opt, sched, state, base + el)
             if state["step"] >= total:
                 break
         print(file=sys.stderr)
@@ -317,8 +323,8 @@ def train(cfg: TrainConfig, runner, log=None) -> dict:
         log(f"epoch {epoch + 1}: held-out teacher-forced acceptance per position "
             f"{', '.join(f'{a:.3f}' for a in ev['acceptance_per_position'])}; "
             f"expected accepted of {cfg.ttt_steps}: {ev['expected_accepted']:.2f}")
-        _save(ckpt, head, opt, sched, state, time.perf_counter() - t0, t0)
-        t0, tok_since = time.perf_counter(), 0
+        _save(ckpt, head, opt, sched, state, base + time.perf_counter() - t0)
+        t0, base, tok_since = time.perf_counter(), state["seconds"], 0
     save_head(head, root / "head")
     out = {"config": asdict(cfg), "features": {k: man[k] for k in ("sources", "seconds", "model")},
            "feature_tokens": sum(s["tokens"] for s in man["shards"]), "draft_vocab_coverage": cover,
@@ -328,8 +334,8 @@ def train(cfg: TrainConfig, runner, log=None) -> dict:
     return out
 
 
-def _save(path: Path, head, opt, sched, state: dict, elapsed: float, t0: float) -> None:
-    state["seconds"] = state.get("seconds", 0.0) + elapsed
+def _save(path: Path, head, opt, sched, state: dict, seconds: float) -> None:
+    state["seconds"] = seconds  # training wall time so far, resumed runs included
     torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "state": state},
                path.with_suffix(".tmp"))
     path.with_suffix(".tmp").replace(path)

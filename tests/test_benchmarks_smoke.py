@@ -227,3 +227,33 @@ def test_cost_curves_ragged_on_the_toy_runner():
     assert one["split_ms"] == one["padded_ms"] == pytest.approx(10 + 9 * 4)
     assert not runner.seqs  # every sequence freed
     assert "median |error| split" in ragged.ragged_table(rows, 4)
+
+
+class _FeatureRunner(CycleRunner):
+    """CycleRunner with target features (the one-hot of its next token) and embedding tables."""
+    backend, hidden_size, num_layers, features = "torch", 16, 2, None
+
+    def forward(self, seq_ids, tokens, num_logits):
+        out = super().forward(seq_ids, tokens, num_logits)
+        self.last_features = [torch.nn.functional.one_hot(torch.tensor([(t + 1) % self.period for t in toks]),
+                                                          16).float() for toks in tokens]
+        return out
+
+    def embedding_tables(self):
+        eye = torch.eye(16)
+        return eye, lambda ids: 8 * eye[ids]
+
+
+def test_trace_agreement_head_mode(planner_run, tmp_path):
+    from draftwise.models.head import HeadConfig, new_head, save_head
+
+    runner = _FeatureRunner()
+    emb, rows = runner.embedding_tables()
+    save_head(new_head(HeadConfig(16, 2, 2, 8, 16, 16, 16), emb, rows(torch.arange(16)), torch.zeros(16, dtype=torch.long)),
+              tmp_path / "head")
+    res = driver("trace_agreement").head_acceptance(str(planner_run), str(tmp_path / "tf.json"), runner, CharTokenizer(),
+                                                    str(tmp_path / "head"), "fake")
+    assert set(res["teacher_forced"]) == {"odd", "even", "all"} and res["generation"] == {}
+    acc = res["teacher_forced"]["all"]["acceptance_per_position"]
+    assert len(acc) == 3 and all(0.0 <= a <= 1.0 for a in acc)
+    assert json.loads((tmp_path / "tf.json").read_text()) == res

@@ -41,8 +41,10 @@ class TorchRunner:
         self.hidden_size = int(cfg.hidden_size)
         self.num_layers = int(cfg.num_hidden_layers)
         # features: None = none; [] = the last layer's normed state; [i, ...] = the inputs of layers
-        # i, ... concatenated (EAGLE-3), for the same rows as the logits, in last_features
+        # i, ... concatenated (EAGLE-3), in last_features: for every new token (the hidden states
+        # come with the forward whatever rows get logits: `all_features`)
         self.features: list[int] | None = None
+        self.all_features = True
         self.last_features: list[torch.Tensor] = []
         self._caches: dict[int, DynamicCache] = {}
         self._ids = itertools.count()
@@ -74,14 +76,19 @@ class TorchRunner:
             if want:
                 hs = res.hidden_states  # [embeddings, input of layer 1, ..., the last layer's normed output]
                 f = torch.cat([hs[i] for i in self.features], -1) if self.features else hs[-1]  # [1, n, F]
-                feats.append(f[0, len(toks) - k:].float().cpu())  # [k, F]
+                feats.append(f[0].float().cpu())  # [n, F]
         self.last_features = feats
         return out
 
     def embedding_tables(self):
         """(input embedding [V, H], rows(ids) -> the LM head's rows [len(ids), H]) as float32."""
         emb = self.model.get_input_embeddings().weight.detach().float().cpu()
-        lm = self.model.get_output_embeddings().weight.detach()
+        head = self.model.get_output_embeddings()
+        if getattr(head, "weight", None) is not None:
+            lm = head.weight.detach()
+        else:  # packed (packed_linear keeps only its own layout): a bias-free linear of I is W.T
+            with torch.inference_mode():
+                lm = head(torch.eye(head.in_features, device=self.device)).T  # [V, H]
         return emb, lambda ids: lm[ids.to(lm.device)].float().cpu()
 
     def truncate(self, seq_id: int, n: int) -> None:

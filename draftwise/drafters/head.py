@@ -9,8 +9,9 @@ of the head up to the last committed token needs. Drafted tokens are fed with th
 output at the position before them; next round they are fed again with the target's features
 (the head's KV keeps only positions fed with the target's).
 
-The prompt: the scheduler asks the target for the features of the prompt's last `window`
-positions (each costs one LM-head row), so the head attends over those and everything after.
+The prompt: on llama.cpp each feature row costs an LM-head row, so the scheduler asks for the
+prompt's last `window` positions and the head attends over those and everything after; on torch
+the hidden states of every position come with the forward, and the head reads the whole prompt.
 
 Acceptance is the engine's usual rule: q is the head's softmax over its draft vocabulary (zero
 elsewhere), so min(1, p/q) and the residual keep the target's distribution at any temperature.

@@ -21,6 +21,8 @@ class PackagedHead:
 
 
 PACKAGED_HEADS: dict[str, PackagedHead] = {h.name: h for h in (
+    PackagedHead("qwen2.5-coder-1.5b-head", "qwen2.5-coder-1.5b",
+                 "9c9d7c54d7d9ea303e57e2302ba9cb6719ff40638443cc7a610a653c7384922a"),
 )}
 
 
