@@ -62,8 +62,16 @@ def predict_bug_bias(target, drafter, eos: frozenset[int], prompt_ids: list[int]
     forward of one token over the prompt's KV state and one draft proposal."""
     seq, key = target.new_sequence(), -1  # a drafter key no engine hands out
     gen = torch.Generator().manual_seed(0)  # the drafted token is irrelevant: only q is used
+    reads = getattr(drafter, "features", None) is not None  # a head drafts from the prompt's features
     try:
-        p0 = warp(target.forward([seq], [prompt_ids], [1])[0], params)[0]  # [V]
+        if reads:
+            target.features = drafter.features
+        logits = target.forward([seq], [prompt_ids], [len(prompt_ids) if reads else 1])[0]
+        if reads:
+            feats = target.last_features[0]
+            drafter.observe(key, len(prompt_ids) - len(feats), feats)
+            target.features = None
+        p0 = warp(logits[-1:], params)[0]  # [V]
         probs, order = p0.double().sort(descending=True)
         k = min(max_first, int((probs.cumsum(0) < coverage).sum()) + 1)
         rows_p, rows_q = torch.zeros(k, p0.shape[0]), torch.zeros(k, p0.shape[0])
@@ -76,6 +84,8 @@ def predict_bug_bias(target, drafter, eos: frozenset[int], prompt_ids: list[int]
             if prop.tokens:
                 rows_q[i] = prop.draft_probs(p0.shape[0])[0]
     finally:
+        if reads:
+            target.features = None
         target.free(seq)
         drafter.release(key)
     return BugBias(mixture_bug_tv(probs[:k], rows_p, rows_q), max(0.0, float(1 - probs[:k].sum())), k)

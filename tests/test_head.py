@@ -173,8 +173,9 @@ def test_sampling_at_temperature_keeps_the_target_distribution(smol_llama, tmp_p
     plain = Engine(runner, tok, reuse_prefix=True)
     spec = Engine(runner, tok, _drafter(runner, path), 3, reuse_prefix=True)
     ids = tok.encode("The three primary colours are")
-    rep = check_sampling(plain, spec, [ids], 0.7, 0.9, positions=2, min_tv=0.15, predict_bias=False)
+    rep = check_sampling(plain, spec, [ids], 0.7, 0.9, positions=2, min_tv=0.15)
     assert rep.verdict == "PASS", rep.summary()
+    assert 0.0 <= rep.bug_bias[0].tv <= 1.0  # the bug's bias, computed with the head's q on the prompt's features
 
 
 def test_train_head_cli_end_to_end_and_resume(tmp_path, capsys):
