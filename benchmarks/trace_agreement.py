@@ -69,20 +69,17 @@ def head_acceptance(run: str, out: str, target, tok, head_spec: str | None, targ
 
     from draftwise.models.head import load_head
     from draftwise.models.heads import resolve_head
-    from draftwise.train_head import acceptance, ttt_losses
+    from draftwise.train_head import acceptance, features_of, ttt_losses
 
     head = load_head(resolve_head(head_spec, target_name), target)
     t2d = torch.full((target.vocab_size,), -1, dtype=torch.long)
     t2d[head.draft_to_target] = torch.arange(head.config.draft_vocab_size)
     plain, prompts = run_prompts(run)
     hits, tot = defaultdict(lambda: [0] * steps), defaultdict(lambda: [0] * steps)
-    target.features = []
     for r in plain:
         ids = prompts[r["prompt_id"]].token_ids(tok) + r["token_ids"]
-        s = target.new_sequence()
-        greedy = target.forward([s], [ids], [len(ids)])[0].argmax(-1)
-        feats = target.last_features[0]
-        target.free(s)
+        logits, feats = features_of(target, ids)
+        greedy = logits.argmax(-1)
         with torch.no_grad():
             _, _, alive, _ = ttt_losses(head, torch.tensor([ids]), feats[None], greedy[None], steps, t2d)
         first = len(ids) - len(r["token_ids"]) - 1  # chain i starts at position i + 1: the output's
@@ -91,7 +88,6 @@ def head_acceptance(run: str, out: str, target, tok, head_spec: str | None, targ
                 hits[key][k] += int(a[0, first:].sum())
                 tot[key][k] += a[0, first:].numel()
         print(r["prompt_id"], f"{hits['all'][0] / max(tot['all'][0], 1):.3f}", flush=True)
-    target.features = None
     rows = [json.loads(x) for x in open(f"{run}/requests.jsonl")]
     gen = defaultdict(lambda: [[0] * 16, [0] * 16])
     for r in rows:

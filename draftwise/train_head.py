@@ -104,6 +104,18 @@ def answers(runner, tok, n: int, max_tokens: int, log) -> list[tuple[str, list[i
 
 # --- 2. features --------------------------------------------------------------------------
 
+def features_of(runner, ids: list[int], layers: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward of `ids` on a fresh sequence: (logits [n, V], the target's features [n, F])."""
+    runner.features = layers or []
+    seq = runner.new_sequence()
+    try:
+        logits = runner.forward([seq], [ids], [len(ids)])[0]
+        return logits, runner.last_features[0][-len(ids):]
+    finally:
+        runner.free(seq)
+        runner.features = None
+
+
 def extract(cfg: TrainConfig, runner, tok, log=None) -> dict:
     """Features of the text under OUT/features (see the module docstring); returns the manifest."""
     log = log or (lambda m: print(m, file=sys.stderr))
@@ -129,32 +141,25 @@ def extract(cfg: TrainConfig, runner, tok, log=None) -> dict:
         if total >= cfg.max_tokens:
             break
     done = sum(s["sequences"] for s in man["shards"])
-    runner.features = []
-    seq = runner.new_sequence()
     shard = {"tokens": [], "feats": [], "argmax": []}
-    try:
-        for n, (src, ids) in enumerate(chunks[done:], done):
-            runner.truncate(seq, 0)
-            logits = runner.forward([seq], [ids], [len(ids)])[0]  # [T, V]
-            shard["tokens"].append(torch.tensor(ids, dtype=torch.int32))
-            shard["feats"].append(runner.last_features[0].half())  # [T, H]
-            shard["argmax"].append(logits.argmax(-1).int())
-            man["sources"][src.split("/")[0]] = man["sources"].get(src.split("/")[0], 0) + len(ids)
-            ntok = sum(len(t) for t in shard["tokens"])
-            if ntok >= 20_000 or n == len(chunks) - 1:
-                name = f"shard-{len(man['shards']):04d}.pt"
-                torch.save(shard, root / name)
-                man["shards"].append({"file": name, "tokens": ntok, "sequences": len(shard["tokens"])})
-                man["seconds"] += time.perf_counter() - t0
-                t0 = time.perf_counter()
-                mpath.write_text(json.dumps(man, indent=1))
-                shard = {"tokens": [], "feats": [], "argmax": []}
-            got = sum(s["tokens"] for s in man["shards"]) + ntok
-            log(f"features: {n + 1}/{len(chunks)} chunks, {got} tokens, "
-                f"{got / max(man['seconds'] + time.perf_counter() - t0, 1e-9):.0f} tok/s")
-    finally:
-        runner.free(seq)
-        runner.features = None
+    for n, (src, ids) in enumerate(chunks[done:], done):
+        logits, feats = features_of(runner, ids)  # [T, V], [T, H]
+        shard["tokens"].append(torch.tensor(ids, dtype=torch.int32))
+        shard["feats"].append(feats.half())
+        shard["argmax"].append(logits.argmax(-1).int())
+        man["sources"][src.split("/")[0]] = man["sources"].get(src.split("/")[0], 0) + len(ids)
+        ntok = sum(len(t) for t in shard["tokens"])
+        if ntok >= 20_000 or n == len(chunks) - 1:
+            name = f"shard-{len(man['shards']):04d}.pt"
+            torch.save(shard, root / name)
+            man["shards"].append({"file": name, "tokens": ntok, "sequences": len(shard["tokens"])})
+            man["seconds"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            mpath.write_text(json.dumps(man, indent=1))
+            shard = {"tokens": [], "feats": [], "argmax": []}
+        got = sum(s["tokens"] for s in man["shards"]) + ntok
+        log(f"features: {n + 1}/{len(chunks)} chunks, {got} tokens, "
+            f"{got / max(man['seconds'] + time.perf_counter() - t0, 1e-9):.0f} tok/s")
     man["done"] = True
     mpath.write_text(json.dumps(man, indent=1))
     return man

@@ -16,7 +16,7 @@ from draftwise.engine import Engine
 from draftwise.losscheck import check_sampling
 from draftwise.models.head import HeadConfig, HeadMismatch, load_head, new_head, save_head
 from draftwise.models.load import load_runner
-from draftwise.train_head import ttt_losses
+from draftwise.train_head import features_of, ttt_losses
 
 PROMPT = "Write a Python function that returns the largest of three numbers."
 
@@ -143,12 +143,8 @@ def test_drafts_are_what_the_teacher_forced_unroll_predicts(smol_torch, tmp_path
     prompt = tok.encode(PROMPT)
     res = Engine(runner, tok, rec, 3).generate(prompt, max_tokens=40)
     text = prompt + res.token_ids
-    runner.features = []
-    seq = runner.new_sequence()
-    greedy = runner.forward([seq], [text], [len(text)])[0].argmax(-1)
-    feats = runner.last_features[0]
-    runner.free(seq)
-    runner.features = None
+    logits, feats = features_of(runner, text)
+    greedy = logits.argmax(-1)
     head = rec.runner.head
     t2d = torch.full((runner.vocab_size,), -1, dtype=torch.long)
     t2d[head.draft_to_target] = torch.arange(head.config.draft_vocab_size)

@@ -163,6 +163,9 @@ class LlamaRunner:
     def features(self, layers: list[int] | None) -> None:
         if layers:
             raise ValueError(f"llama.cpp returns only the last layer's state, not layers {layers}")
+        if (layers is None) == (self._features is None):
+            self._features = layers
+            return  # unchanged: the scheduler sets it before each forward
         self._features = layers
         _ll.llama_set_embeddings(self._ctx, layers is not None)
 
