@@ -4,6 +4,12 @@ steps measured against what the planner predicts for them (docs/planner.md, "Bat
 `table`: ms per forward of k new tokens (logits at all k), one row per curve and batch size, with
 the ratio to k = 1 of the same batch size.
 
+`native`: llama.cpp's verify curve next to native `llama-bench` (built by scripts/setup_peers.sh) in
+the same sitting: draftwise's LlamaRunner forward of k tokens at a fixed context with logits at all
+k rows (what verification needs) and at the last row only (what llama-bench's ppK times), standard
+and repacked kernels, interleaved per repeat; the time inside llama_decode apart from the Python
+around it; and llama-bench ppK at the same depth with --repack 0 and 1 (docs/results.md §3).
+
 `ragged`: a batched step whose sequences feed different numbers of tokens, measured against its
 prediction from the cost curve (measured on even batches): priced as the forwards the runner runs
 it as (draftwise.backends.base.forward_parts; llama.cpp: equal-split ubatches), and as one forward
@@ -12,11 +18,15 @@ padded to the longest feed. The server's runner and cached curve, so `draftwise 
 
     .venv/bin/python benchmarks/cost_curves.py table docs/data/profile_*_method2_xeon.json
     .venv/bin/python benchmarks/cost_curves.py ragged --model qwen2.5-coder-1.5b
+    .venv/bin/python benchmarks/cost_curves.py native --model qwen2.5-coder-1.5b
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import random
+import subprocess
 import statistics
 import time
 from pathlib import Path
@@ -90,6 +100,76 @@ def ragged_table(rows: list[dict], n: int) -> str:
     return "\n".join(lines)
 
 
+LLAMA_BENCH = Path(__file__).resolve().parent.parent / ".peers/llama-build/bin/llama-bench"
+
+
+def native_bench(model_path: str, ks: list[int], depth: int, reps: int) -> dict:
+    """{(repack, k): ms} of llama-bench ppK at depth `depth` (logits for the last token only)."""
+    if not LLAMA_BENCH.exists():
+        raise SystemExit(f"{LLAMA_BENCH} is missing: build it with scripts/setup_peers.sh")
+    out = subprocess.run([str(LLAMA_BENCH), "-m", model_path, "-p", ",".join(map(str, ks)), "-n", "0",
+                          "-d", str(depth), "-r", str(reps), "--repack", "0,1", "-o", "csv"],
+                         capture_output=True, text=True, check=True).stdout
+    return {(int(r["repack"]), int(r["n_prompt"])): float(r["avg_ns"]) / 1e6 for r in csv.DictReader(io.StringIO(out))}
+
+
+def runner_curves(model_path: str, ks: list[int], depth: int, reps: int) -> dict:
+    """{(kernels, rows, k): (median ms of forward, median ms inside llama_decode)}: a LlamaRunner per
+    kernel set, one sequence at `depth` tokens, each k with logits at all k ("all") and at the last
+    ("last"), every configuration once per repeat (interleaved, so drift hits all alike)."""
+    from draftwise.backends.llama_runner import LlamaRunner
+
+    runners = {kern: LlamaRunner(model_path, n_ctx=depth + 64, n_seq_max=1, extra_bufts=kern == "repacked")
+               for kern in ("standard", "repacked")}
+    ctx = [(7 * i) % 5000 + 100 for i in range(depth)]
+    seqs = {kern: r.new_sequence() for kern, r in runners.items()}
+    for kern, r in runners.items():
+        r.forward([seqs[kern]], [ctx], [1])
+    times: dict = {}
+    for rep in range(reps + 1):  # the first repeat warms up
+        for kern, r in runners.items():
+            decode, inner = r._decode, []
+
+            def timed(*a, _d=decode, _t=inner):
+                t = time.perf_counter()
+                _d(*a)
+                _t.append(time.perf_counter() - t)
+            r._decode = timed
+            for k in ks:
+                for rows in ("all", "last"):
+                    inner.clear()
+                    t = time.perf_counter()
+                    r.forward([seqs[kern]], [ctx[:k]], [k if rows == "all" else 1])
+                    total = time.perf_counter() - t
+                    r.truncate(seqs[kern], depth)
+                    if rep:
+                        times.setdefault((kern, rows, k), []).append((1e3 * total, 1e3 * sum(inner)))
+            r._decode = decode
+    for r in runners.values():
+        r.close()
+    return {key: (statistics.median(t for t, _ in v), statistics.median(d for _, d in v)) for key, v in times.items()}
+
+
+def native_table(nat: dict, ours: dict, ks: list[int]) -> str:
+    """Per kernel set: llama-bench ppK, draftwise last-row and all-rows forwards (ms and x k=1 of
+    the same column), the Python around llama_decode, and what the extra output rows cost."""
+    lines = []
+    for repack, kern in ((0, "standard"), (1, "repacked")):
+        base = {c: None for c in ("nat", "last", "all")}
+        lines += [f"\n{kern} kernels (llama-bench --repack {repack})",
+                  f"{'k':>3} {'llama-bench ppK':>16} {'draftwise, last row':>20} {'draftwise, all k rows':>22} "
+                  f"{'python':>7} {'k-1 rows':>9}"]
+        for k in ks:
+            cells = {"nat": nat[(repack, k)], "last": ours[(kern, "last", k)][0], "all": ours[(kern, "all", k)][0]}
+            for c, v in cells.items():
+                base[c] = base[c] or v
+            py = ours[(kern, "all", k)][0] - ours[(kern, "all", k)][1]
+            lines.append(f"{k:>3} " + " ".join(f"{cells[c]:8.1f} ({cells[c] / base[c]:4.2f}×)".rjust(w)
+                                                 for c, w in (("nat", 16), ("last", 20), ("all", 22)))
+                         + f" {py:7.2f} {cells['all'] - cells['last']:9.1f}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -101,7 +181,19 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--max-running", type=int, default=16)
     r.add_argument("--max-context", type=int, default=1024)
     r.add_argument("--reps", type=int, default=9)
+    nv = sub.add_parser("native", help="verify curve next to native llama-bench (llama.cpp)")
+    nv.add_argument("--model", default="qwen2.5-coder-1.5b")
+    nv.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 8, 12, 16])
+    nv.add_argument("--depth", type=int, default=256, help="tokens in the sequence before each forward")
+    nv.add_argument("--reps", type=int, default=9)
     a = ap.parse_args(argv)
+    if a.cmd == "native":
+        from draftwise.models.load import resolve
+
+        path = str(resolve(a.model).path)
+        print(f"# {a.model} at depth {a.depth}, median of {a.reps} (ms)")
+        print(native_table(native_bench(path, a.ks, a.depth, a.reps), runner_curves(path, a.ks, a.depth, a.reps), a.ks))
+        return
     if a.cmd == "table":
         print(table({Path(p).stem.removeprefix("profile_"): ProfileResult.load(p) for p in a.profiles}))
         return
