@@ -129,3 +129,18 @@ def test_server_private_requests_and_the_shared_trie_metric():
         assert nodes(srv) == sfx.memory_nodes() > empty
     finally:
         srv.close()
+
+
+def test_a_walk_cut_by_the_trie_depth_re_anchors_and_goes_on():
+    d = SuffixDrafter(depth=6, max_match=3, min_match=2)
+    out = list(range(100, 120))  # 20 distinct tokens: a passage the trie holds in 6-token pieces
+    run(d, 1, [1], out)
+    d.release(1)
+    toks, conf = propose(d, 2, [7, 100, 101, 102], 12)  # match of 3: walk 3, re-anchor, ...
+    assert toks == list(range(103, 115)) and conf == [1.0] * 12
+    assert propose(d, 3, [7, 117, 118], 5)[0] == [119]  # the passage's end: nothing after it
+    d2 = SuffixDrafter(depth=6, max_match=3, min_match=2, min_score=0.6)
+    # after [1 2 3]: 4 then 5 then 6 (depth 6 reached), then [4 5 6] goes on to 7 once and 8 once
+    seq = [1, 2, 3, 4, 5, 6, 7, 0, 4, 5, 6, 8, 0, 1, 2, 3]
+    toks, conf = propose(d2, 4, seq, 6)
+    assert toks == [4, 5, 6] and conf == [1.0, 1.0, 1.0]  # 7 or 8: score 0.5 < 0.6 stops it

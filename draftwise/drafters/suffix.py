@@ -7,6 +7,10 @@ looked up in both tries, the longest match with a continuation winning (then the
 from the node reached, the draft follows the most frequent child at each step, each
 token scored by its frequency among its siblings times its parent's score (an estimate of the
 chance the whole prefix so far is right), and stops where the score falls below `min_score`.
+The tries hold substrings of up to `depth` tokens, so a walk from an m-token match ends after
+depth - m tokens; there the draft re-anchors on its own last max_match tokens (context + draft) and
+walks on, its scores carrying on, so a long copied passage (an agent asking again) drafts as far
+as the planner wants.
 
 Example: the request so far is [5 6 7 9 5 6 7 9 5 6]; the suffix [5 6] occurred twice before,
 followed by 7 both times, then 9 both times: proposing 3 tokens gives [7 9 5], scores [1, 1, 1].
@@ -74,11 +78,11 @@ class SuffixTrie:
         return node
 
 
-def walk(node: _Node, n: int, min_score: float) -> tuple[list[int], list[float]]:
+def walk(node: _Node, n: int, min_score: float, score: float = 1.0) -> tuple[list[int], list[float]]:
     """The most frequent path below `node`, up to n tokens, while its score stays >= min_score.
     A token's score is its count over its siblings' (the occurrences that continued at all) times
-    its parent's score."""
-    tokens, scores, score = [], [], 1.0
+    its parent's score (`score` above the first)."""
+    tokens, scores = [], []
     while len(tokens) < n and node.children:
         total = sum(c.count for c in node.children.values())
         t, child = max(node.children.items(), key=lambda kv: kv[1].count)
@@ -131,15 +135,29 @@ class SuffixDrafter:
         if num_tokens <= 0:
             return Proposal([])
         tries = [r.trie] + ([self.global_trie] if self.share and seq_key not in self.private else [])
+        tokens: list[int] = []
+        scores: list[float] = []
+        while len(tokens) < num_tokens:  # a walk ends at the trie's depth: re-anchor and go on
+            m, toks, sc = self._match(tries, context[-self.max_match:] + tokens, num_tokens - len(tokens),
+                                      scores[-1] if scores else 1.0)
+            tokens += toks
+            scores += sc
+            if not toks or m + len(toks) < self.depth:  # not cut by the depth: the draft ends here
+                break
+        return Proposal(tokens, confidence=scores or None)
+
+    def _match(self, tries: list[SuffixTrie], tail: list[int], n: int, score: float) -> tuple[int, list[int], list[float]]:
+        """(m, tokens, scores): the walk below the longest suffix of `tail` (m tokens) with a
+        continuation in any trie, the higher summed score on a tie; scores carry on from `score`."""
         best: tuple[int, float, list[int], list[float]] = (0, 0.0, [], [])
-        for trie in tries:  # the longest suffix with a continuation wins; then the higher score
-            for m in range(min(self.max_match, len(context)), max(self.min_match, best[0]) - 1, -1):
-                node = trie.find(context[-m:])
-                toks, scores = walk(node, num_tokens, self.min_score) if node is not None else ([], [])
+        for trie in tries:
+            for m in range(min(self.max_match, len(tail)), max(self.min_match, best[0]) - 1, -1):
+                node = trie.find(tail[-m:])
+                toks, sc = walk(node, n, self.min_score, score) if node is not None else ([], [])
                 if toks:
-                    best = max(best, (m, sum(scores), toks, scores))
+                    best = max(best, (m, sum(sc), toks, sc))
                     break
-        return Proposal(best[2], confidence=best[3] or None)
+        return best[0], best[2], best[3]
 
     def pending(self, seq_key: int, context: list[int]) -> int:
         return 0
