@@ -144,3 +144,12 @@ def test_a_walk_cut_by_the_trie_depth_re_anchors_and_goes_on():
     seq = [1, 2, 3, 4, 5, 6, 7, 0, 4, 5, 6, 8, 0, 1, 2, 3]
     toks, conf = propose(d2, 4, seq, 6)
     assert toks == [4, 5, 6] and conf == [1.0, 1.0, 1.0]  # 7 or 8: score 0.5 < 0.6 stops it
+
+
+def test_the_same_prompt_asked_again_drafts_from_its_first_token():
+    d = SuffixDrafter(depth=8, max_match=4)
+    prompt, out = [1, 2, 3, 4, 5], [20, 21, 22, 23]
+    run(d, 1, prompt, out)
+    d.release(1)
+    assert propose(d, 2, prompt + [20], 3)[0] == [21, 22, 23]  # after its first token: the rest
+    assert propose(d, 3, [7, 2, 3], 2) == ([], None)  # only the prompt's last 3 tokens are kept: [3 4 5]

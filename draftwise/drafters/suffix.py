@@ -15,7 +15,7 @@ as the planner wants.
 Example: the request so far is [5 6 7 9 5 6 7 9 5 6]; the suffix [5 6] occurred twice before,
 followed by 7 both times, then 9 both times: proposing 3 tokens gives [7 9 5], scores [1, 1, 1].
 
-The global trie keeps the outputs of the last requests up to `max_nodes` trie nodes (~270 bytes
+The global trie keeps the outputs of the last requests (each after its prompt's last tokens) up to `max_nodes` trie nodes (~270 bytes
 each in CPython: 200,000 nodes ~ 54 MB), evicting the oldest request's tokens first. A request in
 `private` neither reads nor feeds it.
 """
@@ -166,13 +166,15 @@ class SuffixDrafter:
         self.private.add(seq_key)
 
     def release(self, seq_key: int) -> None:
-        """A request ended: its output joins the global trie (unless private), oldest evicted past the cap."""
+        """A request ended: its output joins the global trie (unless private), oldest evicted past the
+        cap, after the last max_match - 1 tokens of its prompt: the same prompt asked again drafts
+        from its first token on."""
         r = self._reqs.pop(seq_key, None)
         private = seq_key in self.private
         self.private.discard(seq_key)
         if r is None or private or not self.share:
             return
-        out = r.seen[r.prompt_len:]
+        out = r.seen[max(r.prompt_len - self.max_match + 1, 0):]  # with its prompt's last tokens
         if len(out) < 2:
             return
         self.global_trie.add(out)
