@@ -2,7 +2,8 @@
 # Peer engines for `draftwise bench --endpoint` (docs/peers.md), kept out of draftwise's own
 # environment, under .peers/ (ignored by git). Idempotent.
 #   llama-server: built from the pinned llama-cpp-python sdist's vendored llama.cpp, the same code
-#   draftwise's llama.cpp backend runs (~10 min on 2 cores, once) -> .peers/bin/llama-server
+#   draftwise's llama.cpp backend runs (~10 min on 2 cores, once) -> .peers/bin/llama-server, and
+#   llama-bench beside it (benchmarks/cost_curves.py native) -> .peers/llama-build/bin/llama-bench
 # Usage: scripts/setup_peers.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +11,7 @@ ver=0.3.36
 py=.venv/bin/python
 [ -x $py ] || { echo "run scripts/setup.sh first (it makes .venv)"; exit 1; }
 mkdir -p .peers/bin
-if [ ! -x .peers/bin/llama-server ]; then
+if [ ! -x .peers/bin/llama-server ] || [ ! -x .peers/llama-build/bin/llama-bench ]; then
     src=.peers/llama_cpp_python-$ver
     if [ ! -d "$src" ]; then
         $py -m pip download --quiet --no-deps --no-binary :all: -d .peers llama-cpp-python==$ver
@@ -26,7 +27,7 @@ if [ ! -x .peers/bin/llama-server ]; then
         done
     fi
     cmake -S "$src/vendor/llama.cpp" -B .peers/llama-build $args >/dev/null
-    cmake --build .peers/llama-build --target llama-server -j "$(nproc)"
+    cmake --build .peers/llama-build --target llama-server llama-bench -j "$(nproc)"
     ln -sf "$(pwd)/.peers/llama-build/bin/llama-server" .peers/bin/llama-server
 fi
 .peers/bin/llama-server --version 2>&1 | head -2
