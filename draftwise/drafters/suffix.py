@@ -15,8 +15,9 @@ as the planner wants.
 Example: the request so far is [5 6 7 9 5 6 7 9 5 6]; the suffix [5 6] occurred twice before,
 followed by 7 both times, then 9 both times: proposing 3 tokens gives [7 9 5], scores [1, 1, 1].
 
-The global trie keeps the outputs of the last requests (each after its prompt's last tokens) up to `max_nodes` trie nodes (~270 bytes
-each in CPython: 200,000 nodes ~ 54 MB), evicting the oldest request's tokens first. A request in
+The global trie keeps the outputs of the last requests (each after its prompt's last tokens) up to
+`max_nodes` trie nodes (~270 bytes each in CPython: 200,000 nodes ~ 54 MB), evicting the oldest
+request's tokens first. A request in
 `private` neither reads nor feeds it.
 """
 from __future__ import annotations
