@@ -18,7 +18,7 @@ from draftwise.policy import make_policy
 from draftwise.request import check_draft_len
 from draftwise.scheduler import Scheduler
 
-DRAFTERS = ("none", "model", "ngram", "suffix", "head", "auto")
+DRAFTERS = ("none", "model", "ngram", "suffix", "suffix-tree", "head", "auto")
 AUTO_MEMBERS = ("ngram", "suffix")  # what --drafter auto chooses among, with none
 # llama.cpp's CPU kernels. "repacked" (its extra buffer types, as llama_cpp.Llama loads) steps one
 # token faster than "standard" and processes a long prompt slower; which verifies several tokens
@@ -75,7 +75,7 @@ class ModelFields:
 @dataclass(slots=True, kw_only=True)
 class EngineSpec(ModelFields):
     """The models, the drafter and D: every command builds from one of these."""
-    drafter: str = "ngram"  # none | model | ngram | suffix | auto (AUTO_MEMBERS, chosen per round)
+    drafter: str = "ngram"  # none | model | ngram | suffix | suffix-tree | head | auto (AUTO_MEMBERS, chosen per round)
     num_draft_tokens: int | str = "auto"  # a fixed D, or "auto": the planner picks D per round
     max_running: int = 4  # sequences held at once (llama.cpp streams): requests batched together
 
@@ -151,8 +151,8 @@ def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_run
         return AutoDrafter({m: load_drafter(spec, tokenizer, m) for m in AUTO_MEMBERS})
     if kind == "ngram":
         return NgramDrafter(spec.ngram_min, spec.ngram_max)
-    if kind == "suffix":
-        return SuffixDrafter(max_nodes=spec.suffix_max_nodes)
+    if kind in ("suffix", "suffix-tree"):
+        return SuffixDrafter(max_nodes=spec.suffix_max_nodes, tree=kind == "suffix-tree")
     if kind != "model":
         return None
     if draft_runner is None:

@@ -49,6 +49,7 @@ def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
     if drafting:
         p.add_argument("--drafter", choices=DRAFTERS, default=d["drafter"].default,
                        help="ngram: prompt lookup; suffix: suffix tries over the request and recent outputs; "
+                       "suffix-tree: the same, proposing candidate trees (torch backend); "
                        "model: the draft model; head: a draft head on the target's features (--head); auto: n-gram "
                        "or suffix, chosen every round (with D auto); none: plain decoding")
         p.add_argument("--num-draft-tokens", type=_draft_len, default=d["num_draft_tokens"].default,
@@ -229,7 +230,7 @@ def cmd_verify(a) -> int:
 def _bench_args(b: argparse.ArgumentParser) -> None:
     _model_args(b, drafting=False)
     b.add_argument("--configs", nargs="+", default=["plain", "ngram:4", "model:4"],
-                   help="plain, or DRAFTER:D with DRAFTER ngram | suffix | model | head | auto and D an integer "
+                   help="plain, or DRAFTER:D with DRAFTER ngram | suffix | suffix-tree | model | head | auto and D an integer "
                    "or auto; a comma list of D sweeps it (ngram:2,4,8,auto)")
     b.add_argument("--baseline", default="plain")
     b.add_argument("--workload", default="editeval", help="editeval | humaneval | specbench | mtbench | prose | "

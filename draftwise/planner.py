@@ -214,7 +214,8 @@ class Calibration:
 
     BINS, PSEUDO, DECAY = 10, 2.0, 0.99
 
-    def __init__(self):
+    def __init__(self, min_scale: float = 0.5):
+        self.min_scale = min_scale  # the overall ratio's floor (a tree node's frequency score can be far too proud)
         self.acc = np.zeros(self.BINS)  # [BINS] (discounted) accepted tokens with c in the bin
         self.n = np.zeros(self.BINS)  # [BINS] (discounted) tokens reached by verification
         self._ratio = [1.0, 1.0]  # accepted, sum of c (reached positions), discounted alike
@@ -222,7 +223,7 @@ class Calibration:
     @property
     def scale(self) -> float:
         """Measured acceptance per unit of the draft's own probability (> 1: it is too modest)."""
-        return min(max(self._ratio[0] / self._ratio[1], 0.5), 2.0)
+        return min(max(self._ratio[0] / self._ratio[1], self.min_scale), 2.0)
 
     def observe(self, confidence: list[float], accepted: int, reached: int) -> None:
         """A verified round: tokens 1..reached were verified, the first `accepted` accepted."""
@@ -234,6 +235,17 @@ class Calibration:
             b = self._bin_of(c)
             self.n[b] += 1
             self.acc[b] += i < accepted
+
+    def observe_nodes(self, confidence: list[float], accepted: list[float]) -> None:
+        """A verified candidate tree: node i with the draft's own probability confidence[i] was on
+        the accepted path (accepted[i] = 1) or not (0; a fraction: a shadow's acceptance probability)."""
+        self.acc *= self.DECAY
+        self.n *= self.DECAY
+        self._ratio = [self.DECAY * self._ratio[0] + sum(accepted), self.DECAY * self._ratio[1] + sum(confidence)]
+        for c, a in zip(confidence, accepted):
+            b = self._bin_of(c)
+            self.n[b] += 1
+            self.acc[b] += a
 
     def _bin_of(self, c: float) -> int:
         return min(int(c * self.BINS), self.BINS - 1)
@@ -347,6 +359,7 @@ class Planner:
         self.draft_call_s = 1e-4  # cheap drafter: seconds per propose call (EMA)
         self.calib = Calibration()  # acceptance as a function of the draft's own probability
         self.target_calib = Calibration()  # ... and of the target's own top probability at the position
+        self.tree_calib = Calibration(0.05)  # P(a candidate tree's node is on the accepted path | its score)
         self._paid = [0.0, 0.0]  # recent requests' first probes: (discounted) paid off, all
         self.overhead_s = 0.0  # per round, besides forwards and drafting (EMA)
 
@@ -368,10 +381,15 @@ class Planner:
         return self.draft(max(behind, 1)) + (d - 1) * self.draft(1)
 
     def plan(self, req: RequestPlan, batch: Batch | None = None, available: int | None = None,
-             behind: int = 1) -> Plan:
+             behind: int = 1, node_p: np.ndarray | None = None) -> Plan:
         """D for this round. `batch`: the step the round joins (None: the request alone);
         `available` caps D (a cheap drafter's proposal length, or the room left); `behind` is how
         many tokens a draft model must catch up on first.
+
+        `node_p` (a cheap drafter's candidate tree, best first): each node's chance of being on the
+        accepted path (tree_calib of its score), so the first d nodes are expected to add
+        sum(node_p[:d]) accepted tokens; D is then how many nodes to verify (a chain when the best
+        nodes form one, none when no d beats plain), priced on the same curve as a chain of d.
 
         In a batch, a cheap drafter's round is priced by what it adds to the step (_step_costs):
         its tokens join the forward the runner runs for the whole batch, a ragged batch as the
@@ -398,6 +416,13 @@ class Planner:
         alpha, up = req.acceptance.alpha(), req.acceptance.upper()  # [max_draft] each, once per round
         going = self.draft is not None and bool(req.plans) and req.plans[-1] > 0  # caught up
         keep = self.margin if self.keep_margin is None else min(self.keep_margin, self.margin)
+        if node_p is not None:  # a tree: expected accepted tokens of its first d nodes
+            gains = np.cumsum(node_p[: len(t)])
+            best_d, best_r = self._best(alpha, t, r_plain, self.margin, others=others, gains=gains)
+            if best_d == 0:
+                return plain
+            seconds, tokens = float(t[best_d - 1]), 1.0 + float(gains[best_d - 1])
+            return Plan(best_d, tokens / seconds, r_plain, seconds=seconds, step_rate=best_r, expected=tokens)
         best_d, best_r = self._best(alpha, t, r_plain, keep if going else self.margin, others=others)
         if best_d == 0 and self.probe_max > 0 and self.draft is not None \
                 and len(req.plans) >= req.next_probe:  # would optimism pay? then probe, ever more rarely
@@ -491,8 +516,9 @@ class Planner:
         return np.array([self._round_s(d, n_seqs) for d in range(1, max(d_max, 0) + 1)])
 
     def _best(self, alpha: np.ndarray, t: np.ndarray, r_plain: float, margin: float | None = None,
-              risk: float | None = None, others: float = 0.0) -> tuple[int, float]:
+              risk: float | None = None, others: float = 0.0, gains: np.ndarray | None = None) -> tuple[int, float]:
         """argmax_d (others + E[N](d)) / T(d) over the d = 1..len(t) (t: round or step seconds;
+        `gains`: [len(t)] expected accepted tokens of d draft tokens, else the chain's from alpha;
         `others`: the other requests' expected tokens in the step) that beat plain, (others + 1) x
         rate_plain, by the margin (the planner's unless given) plus `risk` (the planner's unless
         given) per plain step the round would waste if its whole draft were rejected,
@@ -500,7 +526,10 @@ class Planner:
         base = (others + 1.0) * r_plain
         if len(t) == 0:
             return 0, base
-        rates = (others + 1.0 + np.cumsum(np.cumprod(alpha[:len(t)]))) / t  # [len(t)]
+        if gains is None:
+            gains = np.cumsum(np.cumprod(alpha[:len(t)]))
+        t = t[: len(gains)]
+        rates = (others + 1.0 + gains) / t  # [len(t)]
         m = self.margin if margin is None else margin
         k = self.risk if risk is None else risk
         need = base * (1.0 + m + k * np.maximum(t * r_plain - 1.0, 0.0))  # [len(t)]
@@ -552,7 +581,8 @@ class Planner:
 
     def commit(self, req: RequestPlan, plan: Plan, proposed: int, accepted: int, emitted: int,
                confidence: list[float] | None = None, stop_confidence: float | None = None,
-               round_s: float | None = None, target_top: list[float] | None = None) -> None:
+               round_s: float | None = None, target_top: list[float] | None = None,
+               path: list[int] | None = None) -> None:
         """After a round (or plain step): update the request's and the workload's acceptance, and
         the calibration of the draft's probabilities (over the positions the target reached).
         `stop_confidence`: after an early stop, the draft's own probability of the token it dropped,
@@ -563,7 +593,15 @@ class Planner:
         the draft agrees with the target at that confidence (target_calib); a plain step turns it
         into a shadow of every position (Acceptance.observe_shadow): the request's own evidence
         before its draft model has run at all (the recent requests' acceptance cannot tell a
-        prose request from the code requests before it)."""
+        prose request from the code requests before it). `path`: a candidate tree's round, its
+        accepted nodes: every verified node's score calibrates tree_calib (the chain's estimates,
+        per position, do not describe a tree and are left alone)."""
+        if path is not None:
+            on = set(path)
+            self.tree_calib.observe_nodes(confidence or [], [float(i in on) for i in range(len(confidence or []))])
+            req.plans.append(plan.d)
+            req.remaining -= emitted
+            return
         if confidence:
             self.calib.observe(confidence, accepted, min(accepted + 1, proposed, len(confidence)))
         shadow_top = None
@@ -636,7 +674,8 @@ class Planner:
 # Policy defaults (docs/planner.md says how each was chosen).
 # Acceptance before a request has been seen, per draft position: n-gram proposals are often wrong
 # at their first token and right after it; a same-family draft model is right more often than not.
-PRIORS = {"ngram": [0.4] + [0.75] * 15, "suffix": [0.4] + [0.75] * 15, "model": [0.65] * 16}
+PRIORS = {"ngram": [0.4] + [0.75] * 15, "suffix": [0.4] + [0.75] * 15, "suffix-tree": [0.4] + [0.75] * 15,
+          "model": [0.65] * 16}
 # A round must beat a plain step's rate by MARGIN; a draft model's by MARGIN_PER_DRAFT_STEP x its
 # step's cost relative to a target step, as a rejected round also wastes its draft forwards.
 MARGIN = 0.03

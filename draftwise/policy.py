@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from draftwise.drafters.base import Drafter, Proposal, StopRule
@@ -39,6 +40,7 @@ class RoundOutcome:
     params: SamplingParams
     shadow: int | None  # a cheap drafter's unverified first token (D = 0 chosen over it)
     round_s: float  # measured seconds of the step up to this request's verification
+    unverified: Proposal | None = None  # the whole candidate the shadow heads
 
 
 @dataclass(slots=True)
@@ -136,7 +138,13 @@ class PlannedDraftLength:
         return min(self.max_draft if st.policy is not None else st.req.num_draft_tokens, room)
 
     def select(self, st, batch: Batch, cand: Proposal) -> Proposal:
-        return cand.head(self.choose(st, batch, len(cand.tokens), 1))
+        if cand.parents is None or st.policy is None or not cand.tokens:
+            return cand.head(self.choose(st, batch, len(cand.tokens), 1))
+        # a candidate tree: how many of its nodes (best first) to verify, from each node's score
+        node_p = np.array([self.planner.tree_calib(c) for c in cand.confidence])  # [d]
+        st.policy.plan = plan = self.planner.plan(st.policy.req, batch, available=len(cand.tokens), node_p=node_p)
+        batch.record(plan.d, plan.expected)
+        return cand.head(plan.d)
 
     def choose(self, st, batch: Batch, available: int, behind: int) -> int:
         if st.policy is None:
@@ -160,14 +168,23 @@ class PlannedDraftLength:
         st.stats.predicted_s += len(res.tokens) / plan.rate
         st.stats.predicted_plain_s += len(res.tokens) / plan.plain_rate
         top = None if self.cheap else target_top(o.logits, len(prop.tokens), res.num_accepted)
+        tree = prop.parents is not None and bool(prop.tokens)
         self.planner.commit(req, plan, len(prop.tokens), res.num_accepted, len(res.tokens), prop.confidence,
-                            prop.stop_confidence, o.round_s, top)
+                            prop.stop_confidence, o.round_s, top, path=res.path or [] if tree else None)
         if o.shadow is not None:  # P(accept) of the unverified token: p(x) at the plain step's position
             if o.params.greedy:
                 p = float(int(o.logits[0].argmax()) == o.shadow)
             else:
                 p = float(warp(o.logits[:1], o.params)[0, o.shadow])
             self.planner.shadow(req, p)
+            tree = o.unverified if o.unverified is not None and o.unverified.parents is not None else None
+            if tree is not None and tree.confidence:  # a tree's first-level nodes, scored like the shadow
+                probs = warp(o.logits[:1], o.params)[0] if not o.params.greedy else None
+                top = int(o.logits[0].argmax())
+                first = [i for i, q in enumerate(tree.parents) if q == -1]
+                self.planner.tree_calib.observe_nodes(
+                    [tree.confidence[i] for i in first],
+                    [float(tree.tokens[i] == top) if probs is None else float(probs[tree.tokens[i]]) for i in first])
         st.plans.append(PlanStep(plan.d, len(prop.tokens), plan.behind if plan.d and not self.cheap else 0,
                                  round(1e3 * (plan.seconds or 1.0 / plan.plain_rate), 1),
                                  round(1e3 * o.round_s, 1), round(1e3 * self.planner.draft_cost(1), 1)))

@@ -47,7 +47,7 @@ from draftwise.request import (Chunk, GenerationResult, PlanStep, Round, TokenLo
                                check_request)
 from draftwise.sampling import SamplingParams, sample, warp
 from draftwise.stats import SpecStats
-from draftwise.verify import VerifyResult, greedy_verify, rejection_sample
+from draftwise.verify import VerifyResult, greedy_verify, greedy_verify_tree, rejection_sample, rejection_sample_tree
 
 NO_DRAFT = Proposal([])
 MAX_LOOP_ERRORS = 3  # steps failing in a row outside any request's boundary before the running fail
@@ -137,6 +137,9 @@ class Scheduler:
                  reserve_draft: bool = True):
         if max_running < 1 or max_queue < 0:
             raise ValueError(f"need max_running >= 1 and max_queue >= 0, got {max_running}, {max_queue}")
+        if getattr(drafter, "tree", False) and not getattr(target, "trees", False):
+            raise ValueError(f"drafter {drafter.name} proposes candidate trees; the {target.backend} backend "
+                             "verifies chains only (use the torch backend, or drafter suffix)")
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.policy = policy if policy is not None and drafter is not None else FixedDraftLength(0)
         runners = [target] + ([drafter.runner] if drafter is not None and drafter.runner is not None else [])
@@ -380,13 +383,15 @@ class Scheduler:
         if not live:
             return
         feeds = [[st.ctx[-1]] + p.tokens for st, p, _ in live]
+        # a candidate tree: each fed token's parent among the feed (the last committed token's: -1)
+        trees = [[-1] + [q + 1 for q in p.parents] if p.is_tree else None for _, p, _ in live]
         if self.pad_ragged:  # equal k per sequence: one llama.cpp ubatch; the padding's KV is truncated below
             k = max(map(len, feeds))
             room = [self.target.max_context - (len(st.ctx) - 1) for st, _, _ in live]
             feeds = [f + [f[-1]] * (min(k, r) - len(f)) for f, r in zip(feeds, room)]
         t = time.perf_counter()
         # verify: one forward, d+1 logits rows per sequence (first d+1 rows when padded); None: failed
-        logits, batched = self._forward([st for st, _, _ in live], feeds)
+        logits, batched = self._forward([st for st, _, _ in live], feeds, trees if any(trees) else None)
         t_fwd = time.perf_counter() - t
         self.observer.forward("step", len(live), sum(map(len, feeds)), t_fwd)
         self.observer.phase("verify", t_fwd)
@@ -401,12 +406,16 @@ class Scheduler:
             self.policy.observe_step(StepTimes(max(ks), len(live), t_fwd, t_draft, t_other, forwards, behind,
                                                self._split(ks)))
 
-    def _commit_round(self, st: RequestState, prop: Proposal, shadow: int | None, rows: torch.Tensor,
+    def _commit_round(self, st: RequestState, prop: Proposal, shadow: Proposal | None, rows: torch.Tensor,
                       feats: torch.Tensor | None, t_fwd: float, t_step: float) -> None:
         t_req = time.perf_counter()
         rows = rows[: len(prop.tokens) + 1]  # [d+1, V]
         res = self._verify(rows, prop, st.req.params, st.gen)
-        self.target.truncate(st.seq, len(st.ctx) + res.num_accepted)  # drop the rejected draft's KV
+        if res.path is None:
+            self.target.truncate(st.seq, len(st.ctx) + res.num_accepted)  # drop the rejected draft's KV
+        else:  # keep the accepted path's KV (node i sits after the last committed token, at len(ctx) + i)
+            self.target.keep(st.seq, len(st.ctx), [len(st.ctx) + i for i in res.path])
+            rows = rows[[0] + [i + 1 for i in res.path]]  # row j scored emitted token j, as in a chain
         if feats is not None:  # the features of the positions the target KV now holds
             self.drafter.observe(st.key, len(st.ctx) - 1, feats[: res.num_accepted + 1])
         st.stats.verify_s += t_fwd + time.perf_counter() - t_req  # each request waited for all the forward
@@ -417,37 +426,40 @@ class Scheduler:
         else:
             st.stats.plain_steps += 1
         st.ctx += res.tokens
-        self.policy.learn(st, RoundOutcome(prop, res, rows, st.req.params, shadow, time.perf_counter() - t_step))
+        self.policy.learn(st, RoundOutcome(prop, res, rows, st.req.params, shadow and shadow.tokens[0],
+                                           time.perf_counter() - t_step, shadow))
         # row i of the verification scored emitted token i (accepted, then recovered or bonus)
         self._commit(st, res.tokens, bool(prop.tokens), _logprobs(st.req, rows[: len(res.tokens)], res.tokens))
 
-    def _forward(self, batch: list[RequestState], feeds: list[list[int]]) -> tuple[list, bool]:
+    def _forward(self, batch: list[RequestState], feeds: list[list[int]], trees: list | None = None) -> tuple[list, bool]:
         """((logits, features or None) per sequence, whether the batched forward went through).
         If it fails, each sequence is retried alone once: a fault fails only the requests whose
-        own forward fails (theirs is None)."""
+        own forward fails (theirs is None). `trees`: per sequence None or its feed's parents."""
         try:
-            return list(zip(*self._target_forward([st.seq for st in batch], feeds, [len(f) for f in feeds]))), True
+            return list(zip(*self._target_forward([st.seq for st in batch], feeds, [len(f) for f in feeds],
+                                                  trees))), True
         except Exception as e:  # noqa: BLE001
             log.warning("a batched forward of %d sequences failed; retrying each alone", len(batch), exc_info=e)
             self.observer.fault("forward")
-        return [self._try(st, self._forward_alone, st, f) for st, f in zip(batch, feeds)], False
+        return [self._try(st, self._forward_alone, st, f, t) for st, f, t in zip(batch, feeds, trees or [None] * len(batch))], False
 
-    def _forward_alone(self, st: RequestState, feed: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward_alone(self, st: RequestState, feed: list[int], tree: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = len(st.ctx) - 1  # the KV invariant: every committed token but the last
         if self.target.length(st.seq) > n:
             self.target.truncate(st.seq, n)  # whatever the failed forward left behind
         if self.target.length(st.seq) != n:
             raise RuntimeError("the failed forward lost this sequence's KV state")
-        logits, feats = self._target_forward([st.seq], [feed], [len(feed)])
+        logits, feats = self._target_forward([st.seq], [feed], [len(feed)], [tree] if tree else None)
         return logits[0], feats[0]
 
-    def _target_forward(self, seqs: list[int], feeds: list[list[int]], ks: list[int]) -> tuple[list, list]:
+    def _target_forward(self, seqs: list[int], feeds: list[list[int]], ks: list[int],
+                        trees: list | None = None) -> tuple[list, list]:
         """(logits [k, V] per sequence, the target's features of the feed's last rows, at least k,
         when the drafter reads them, else None): the runner computes features only for a
         scheduler whose drafter does."""
         if self._features or getattr(self.target, "features", None) is not None:  # runners shared by engines
             self.target.features = self.drafter.features if self._features else None
-        logits = self.target.forward(seqs, feeds, ks)
+        logits = self.target.forward(seqs, feeds, ks, trees) if trees else self.target.forward(seqs, feeds, ks)
         return logits, self.target.last_features if self._features else [None] * len(seqs)
 
     def _propose(self, batch: list[RequestState]):
@@ -489,8 +501,8 @@ class Scheduler:
             step.alike = False
             if sweep and not changed:
                 break
-        shadows = [c.tokens[0] if c is not None and c.tokens and p is not None and not p.tokens else None
-                   for c, p in zip(cands, props)]
+        shadows = [c if c is not None and c.tokens and p is not None and not p.tokens else None
+                   for c, p in zip(cands, props)]  # the candidate a plain step was chosen over
         return props, shadows, 0, 1
 
     def _candidate(self, st: RequestState, step: Batch) -> Proposal:
@@ -543,6 +555,11 @@ class Scheduler:
         return [self._try(st, lambda it=it: self.drafter.propose_many([it])[0]) for (st, _), it in zip(todo, items)]
 
     def _verify(self, logits: torch.Tensor, prop: Proposal, params: SamplingParams, gen) -> VerifyResult:
+        if prop.is_tree:
+            if params.greedy:
+                return greedy_verify_tree(logits, prop.tokens, prop.parents)
+            p = warp(logits, params)  # [d+1, V]
+            return rejection_sample_tree(p, prop.draft_probs(p.shape[1]), prop.tokens, prop.parents, gen)
         draft = torch.tensor(prop.tokens, dtype=torch.long)  # [d]
         if params.greedy:
             return greedy_verify(logits, draft)

@@ -13,6 +13,10 @@ Vocabulary, fixed here and used with exactly these meanings in code, stats and d
 - **discarded**: emitted tokens cut off because a stop (EOS, stop string, max_tokens) fell inside
   the round; they are produced by verification but never delivered.
 
+A draft may also be a **tree** (candidate continuations sharing prefixes): node i carries a token and
+its parent, parents[i] < i, -1 for the root (the last committed token). Target row 0 scores the
+root, row i + 1 node i. The accepted tokens are then the nodes of one root-to-node path.
+
 p are the target's probabilities and q the drafter's, both after the same temperature / top-k /
 top-p warping (`draftwise.sampling.warp`). Resampling from p instead of the residual at a
 rejection would bias the output; the residual is what keeps the target distribution exact.
@@ -28,12 +32,14 @@ import torch
 class VerifyResult:
     tokens: list[int]  # emitted: accepted draft tokens + one recovered or bonus token
     num_accepted: int
-    num_proposed: int
+    num_proposed: int  # draft tokens (tree nodes) verified
+    path: list[int] | None = None  # tree drafts: the accepted nodes' indices; None: a chain's first num_accepted
+    leaf: bool = False  # tree drafts: the path ended at a leaf
 
     @property
     def bonus(self) -> bool:
         """True when the last emitted token is a bonus token, False when it is a recovered one."""
-        return self.num_accepted == self.num_proposed
+        return self.leaf if self.path is not None else self.num_accepted == self.num_proposed
 
 
 def _check(target: torch.Tensor, draft_tokens: torch.Tensor, draft: torch.Tensor | None) -> None:
@@ -108,3 +114,86 @@ def greedy_verify(
     mismatch = torch.nonzero(best[:d] != draft_tokens)
     n = int(mismatch[0]) if mismatch.numel() else d
     return VerifyResult(draft_tokens[:n].tolist() + [int(best[n])], n, d)
+
+
+def tree_children(parents: list[int]) -> list[list[int]]:
+    """[N+1]: entry 0 the root's children, entry i + 1 node i's, each in proposal order."""
+    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, p in enumerate(parents):
+        kids[p + 1].append(i)
+    return kids
+
+
+def check_tree(tokens: list[int], parents: list[int]) -> None:
+    """ValueError unless each node's parent comes before it and siblings carry different tokens."""
+    if len(tokens) != len(parents):
+        raise ValueError(f"a tree needs one parent per token, got {len(parents)} for {len(tokens)}")
+    seen = set()
+    for i, (t, p) in enumerate(zip(tokens, parents)):
+        if not -1 <= p < i:
+            raise ValueError(f"node {i}'s parent {p} must be in [-1, {i - 1}]")
+        if (p, t) in seen:
+            raise ValueError(f"node {i} repeats token {t} among its siblings")
+        seen.add((p, t))
+
+
+def greedy_verify_tree(
+    target_logits: torch.Tensor,  # [N+1, V]: row 0 at the root, row i+1 at node i
+    draft_tokens: list[int],  # [N]
+    parents: list[int],  # [N]
+) -> VerifyResult:
+    """Temperature 0 over a tree: from the root, follow the child whose token is the target's
+    argmax at its parent's row while there is one, then emit the argmax where the path ends."""
+    check_tree(draft_tokens, parents)
+    best = target_logits.argmax(dim=-1).tolist()  # [N+1]
+    kids, row, path = tree_children(parents), 0, []
+    while True:
+        nxt = next((c for c in kids[row] if draft_tokens[c] == best[row]), None)
+        if nxt is None:
+            break
+        path.append(nxt)
+        row = nxt + 1
+    return VerifyResult([draft_tokens[i] for i in path] + [best[row]], len(path), len(parents), path, not kids[row])
+
+
+def rejection_sample_tree(
+    target_probs: torch.Tensor,  # [N+1, V]: row 0 at the root, row i+1 at node i
+    draft_probs: torch.Tensor,  # [N, V]: q_i, what node i's token was drawn from
+    draft_tokens: list[int],  # [N]
+    parents: list[int],  # [N]
+    generator: torch.Generator | None,
+) -> VerifyResult:
+    """Multi-candidate speculative sampling over a tree (recursive rejection over siblings, as in
+    SpecInfer, Miao et al. 2024). At a node with target distribution r = p, its children
+    x_1..x_k are tried in order: x_j is accepted with probability min(1, r(x_j) / q_j(x_j)); on a
+    rejection r becomes norm(max(0, r - q_j)) and the next child is tried; an accepted child is
+    moved to, and when every child is rejected (or there is none: a bonus) a token is drawn from r.
+
+    Exactness, for children drawn independently, x_j ~ q_j (a deterministic drafter: q_j one-hot
+    at x_j, any distinct tokens): by induction on k the token emitted at a node has law r. k = 0:
+    drawn from r. k >= 1: P(y) = q_1(y) min(1, r(y)/q_1(y)) + P(reject x_1) r'(y), where
+    P(reject) = sum max(0, r - q_1) and r' = max(0, r - q_1) / P(reject) is what the remaining
+    k - 1 children then emit exactly (induction), so P(y) = min(q_1, r)(y) + max(0, r - q_1)(y)
+    = r(y). The emitted token fixes which subtree (drafted after it) comes next, so each emitted
+    token follows the target given the ones before it: the output is the target's. With one-hot
+    q_j the rule reads: accept x_j with probability r(x_j), else remove x_j from r.
+    Random draws, in order: one uniform per child tried, then one categorical draw."""
+    check_tree(draft_tokens, parents)
+    kids, row, path = tree_children(parents), 0, []
+    while True:
+        r = target_probs[row]  # [V]
+        moved = False
+        for c in kids[row]:
+            x, q = draft_tokens[c], draft_probs[c]
+            u = float(torch.rand(1, generator=generator, dtype=torch.float64))
+            if r[x] >= q[x] or u * float(q[x]) < float(r[x]):
+                path.append(c)
+                row, moved = c + 1, True
+                break
+            residual = (r - q).clamp_min(0)
+            if residual.sum() > 0:  # else r == q up to rounding, and r stays
+                r = residual / residual.sum()
+        if not moved:
+            last = int(torch.multinomial(r, 1, generator=generator))
+            return VerifyResult([draft_tokens[i] for i in path] + [last], len(path), len(parents), path,
+                                not kids[row])

@@ -6,6 +6,7 @@ class CycleRunner:
     """Next token after t is (t + 1) % period, as a peaked but not one-hot distribution."""
     backend = "fake"
     n_seq_max = None
+    trees = True  # logits depend on the token alone, so a tree's are its tokens' own
 
     def __init__(self, vocab=16, period=5, max_context=512, sharp=8.0):
         self.vocab_size, self.period, self.max_context, self.sharp = vocab, period, max_context, sharp
@@ -23,7 +24,7 @@ class CycleRunner:
         row[(t + 1) % self.period] = self.sharp
         return row
 
-    def forward(self, seq_ids, tokens, num_logits):
+    def forward(self, seq_ids, tokens, num_logits, parents=None):
         self.forwards.append(list(seq_ids))
         out = []
         for s, toks, k in zip(seq_ids, tokens, num_logits):
@@ -34,6 +35,10 @@ class CycleRunner:
     def truncate(self, s, n):
         assert 0 <= n <= len(self.seqs[s])
         del self.seqs[s][n:]
+
+    def keep(self, s, n, rows):
+        assert all(n <= r < len(self.seqs[s]) for r in rows) and rows == sorted(rows)
+        self.seqs[s] = self.seqs[s][:n] + [self.seqs[s][r] for r in rows]
 
     def length(self, s):
         return len(self.seqs[s])

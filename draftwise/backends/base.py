@@ -11,12 +11,19 @@ class ModelRunner(Protocol):
 
     A sequence's KV state holds the tokens forwarded so far, in order; `length(seq)` counts them.
     Rollback is explicit: `truncate(seq, n)` keeps the first n tokens. Nothing else edits it.
+
+    Candidate trees (`trees` True): `forward` takes, per sequence, the parent of each new token
+    among its new tokens (-1: the tokens before them), so each new token attends to the sequence
+    so far and its own ancestors only, at position length + its depth; after verification
+    `keep(seq, n, rows)` keeps the first n tokens and then the tokens at `rows` (ascending, >= n),
+    which become positions n, n+1, ...
     """
 
     vocab_size: int  # width of the logits rows
     max_context: int  # most tokens one sequence may hold
     backend: str  # "torch" or "llama.cpp"
     n_seq_max: int | None  # most sequences held at once (llama.cpp's streams), None = unbounded
+    trees: bool  # forward takes `parents` and `keep` compacts: candidate trees can be verified
 
     def new_sequence(self) -> int: ...
 
@@ -25,10 +32,13 @@ class ModelRunner(Protocol):
         seq_ids: list[int],
         tokens: list[list[int]],  # new tokens per sequence, appended to its KV state
         num_logits: list[int],  # per sequence: logits for the last k of its new tokens
+        parents: list[list[int] | None] | None = None,  # per sequence: None (a chain) or [n] (trees only)
     ) -> list[torch.Tensor]:  # per sequence: [k, vocab_size] float32 on the CPU
         ...
 
     def truncate(self, seq_id: int, n: int) -> None: ...
+
+    def keep(self, seq_id: int, n: int, rows: list[int]) -> None: ...  # trees only
 
     def length(self, seq_id: int) -> int: ...
 
@@ -45,6 +55,17 @@ def check_forward_args(seq_ids: list[int], tokens: list[list[int]], num_logits: 
             raise ValueError("each sequence in a forward needs at least one new token")
         if not 0 <= k <= len(toks):
             raise ValueError(f"num_logits {k} must be within [0, {len(toks)}] new tokens")
+
+
+def tree_layout(parents: list[int]) -> tuple[list[int], list[list[int]]]:
+    """(depth of each new token, the new tokens each one attends to: its ancestors and itself)."""
+    depth, sees = [], []
+    for j, p in enumerate(parents):
+        if not -1 <= p < j:
+            raise ValueError(f"new token {j}'s parent {p} must be in [-1, {j - 1}]")
+        depth.append(0 if p < 0 else depth[p] + 1)
+        sees.append(([] if p < 0 else sees[p]) + [j])
+    return depth, sees
 
 
 def padded_parts(ks: list[int]) -> list[tuple[int, int]]:

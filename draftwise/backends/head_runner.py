@@ -26,6 +26,7 @@ class _Seq:
 class HeadRunner:
     backend = "torch"
     n_seq_max = None
+    trees = False
 
     def __init__(self, head: DraftHead, model_path: str = "", max_context: int = 4096, vocab_size: int | None = None):
         self.head = head.eval()

@@ -55,6 +55,9 @@ def _amx_would_crash() -> bool:
 
 class LlamaRunner:
     backend = "llama.cpp"
+    # a candidate tree's branches would each need a sequence id sharing the request's KV stream;
+    # with one stream per sequence (kv_unified=False) a token cannot join several, so no trees
+    trees = False
 
     def __init__(self, model_path: str, n_ctx: int | None = None, n_batch: int = 512, n_seq_max: int = 4,
                  n_threads: int | None = None, n_threads_batch: int | None = None,
@@ -173,8 +176,11 @@ class LlamaRunner:
     # tokens more splits follow, and a decoding step stays far below it)
     forward_parts = staticmethod(equal_split_parts)
 
-    def forward(self, seq_ids: list[int], tokens: list[list[int]], num_logits: list[int]) -> list[torch.Tensor]:
+    def forward(self, seq_ids: list[int], tokens: list[list[int]], num_logits: list[int],
+                parents: list[list[int] | None] | None = None) -> list[torch.Tensor]:
         check_forward_args(seq_ids, tokens, num_logits)
+        if parents and any(parents):
+            raise ValueError("the llama.cpp backend verifies chains only, not candidate trees")
         if self._ctx is None:
             raise RuntimeError("this LlamaRunner is closed")
         if len(set(seq_ids)) != len(seq_ids):

@@ -2,7 +2,9 @@
 
 KV scheme: one transformers `DynamicCache` per sequence. `DynamicCache.crop` cuts every batch row
 by the same amount, so a batched cache cannot roll back ragged sequences; per-sequence caches
-make `truncate(seq, n)` an independent `crop(n)`. A multi-sequence `forward` runs the sequences
+make `truncate(seq, n)` an independent `crop(n)`. A candidate tree is fed with a 4-D attention
+mask (each new token sees the cached tokens and its ancestors) and explicit positions; `keep`
+gathers the accepted path's cells. A multi-sequence `forward` runs the sequences
 one after another (no padding, no wasted compute); batching them into one kernel call is the
 llama.cpp backend's job, where sequence ids share one KV buffer.
 """
@@ -14,7 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from draftwise.backends import packed_linear
-from draftwise.backends.base import check_forward_args
+from draftwise.backends.base import check_forward_args, tree_layout
 from draftwise.machine import cache_dir
 
 
@@ -48,6 +50,8 @@ class TorchRunner:
         self.last_features: list[torch.Tensor] = []
         self._caches: dict[int, DynamicCache] = {}
         self._ids = itertools.count()
+        # trees need every layer's cache to be a plain list of cells (no sliding window, no indexer)
+        self.trees = all(type(layer).__name__ == "DynamicLayer" for layer in DynamicCache(config=cfg).layers)
 
     def new_sequence(self) -> int:
         seq = next(self._ids)
@@ -60,17 +64,19 @@ class TorchRunner:
         return [(k, 1) for k in ks]
 
     @torch.inference_mode()
-    def forward(self, seq_ids: list[int], tokens: list[list[int]], num_logits: list[int]) -> list[torch.Tensor]:
+    def forward(self, seq_ids: list[int], tokens: list[list[int]], num_logits: list[int],
+                parents: list[list[int] | None] | None = None) -> list[torch.Tensor]:
         check_forward_args(seq_ids, tokens, num_logits)
         out, feats = [], []
         want = self.features is not None
-        for seq, toks, k in zip(seq_ids, tokens, num_logits):
+        for i, (seq, toks, k) in enumerate(zip(seq_ids, tokens, num_logits)):
             cache = self._caches[seq]
             if cache.get_seq_length() + len(toks) > self.max_context:
                 raise ValueError(f"sequence {seq} would exceed the context of {self.max_context} tokens")
             ids = torch.tensor([toks], dtype=torch.long, device=self.device)  # [1, n]
+            tree = self._tree_inputs(cache.get_seq_length(), parents[i]) if parents and parents[i] else {}
             res = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=max(k, 1),
-                             output_hidden_states=want)
+                             output_hidden_states=want, **tree)
             logits = res.logits[0, -k:] if k else res.logits[0, :0]  # [k, V]
             out.append(logits.float().cpu())  # verification runs on the host, for either device
             if want:
@@ -79,6 +85,30 @@ class TorchRunner:
                 feats.append(f[0].float().cpu())  # [n, F]
         self.last_features = feats
         return out
+
+    def _tree_inputs(self, past: int, parents: list[int]) -> dict:
+        """attention_mask [1, 1, n, past + n] (True: attend) and position_ids [1, n] for a tree."""
+        if not self.trees:
+            raise ValueError(f"{type(self.model).__name__}'s cache layers cannot hold a candidate tree")
+        depth, sees = tree_layout(parents)
+        n = len(parents)
+        mask = torch.zeros(1, 1, n, past + n, dtype=torch.bool, device=self.device)
+        mask[..., :past] = True
+        for j, cols in enumerate(sees):
+            mask[0, 0, j, [past + c for c in cols]] = True
+        pos = torch.tensor([[past + d for d in depth]], dtype=torch.long, device=self.device)
+        return {"attention_mask": mask, "position_ids": pos}
+
+    def keep(self, seq_id: int, n: int, rows: list[int]) -> None:
+        cache = self._caches[seq_id]
+        length = cache.get_seq_length()
+        if not (0 <= n <= length and all(n <= r < length for r in rows) and rows == sorted(set(rows))):
+            raise ValueError(f"cannot keep {n} tokens and rows {rows} of sequence {seq_id} ({length} tokens)")
+        idx = torch.tensor(list(range(n)) + rows, dtype=torch.long, device=self.device)
+        for layer in cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys = layer.keys.index_select(-2, idx)
+                layer.values = layer.values.index_select(-2, idx)
 
     def embedding_tables(self):
         """(input embedding [V, H], rows(ids) -> the LM head's rows [len(ids), H]) as float32."""

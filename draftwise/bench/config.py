@@ -14,7 +14,7 @@ from draftwise.sampling import SamplingParams
 
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 SPEC_BENCH = MT_BENCH + ("translation", "summarization", "qa", "math_reasoning", "rag")
-_DRAFTERS = ("ngram", "model", "suffix", "head", "auto")
+_DRAFTERS = ("ngram", "model", "suffix", "suffix-tree", "head", "auto")
 _PLAN = ("configs", "workload", "n_per_category", "seed", "repeats", "warmup", "concurrency", "margins",
          "out_dir", "metrics")
 _JUDGING = ("goal",)  # how results are judged, not how they are measured: free to change between runs
@@ -24,7 +24,7 @@ _JUDGING = ("goal",)  # how results are judged, not how they are measured: free 
 class RunConfig:
     """One configuration: `plain`, `DRAFTER:D` in process, or a server's label."""
     name: str
-    drafter: str  # "none" | "ngram" | "model" | "suffix" | "head" | "auto" | "endpoint"
+    drafter: str  # "none" | "ngram" | "model" | "suffix" | "suffix-tree" | "head" | "auto" | "endpoint"
     num_draft_tokens: int | str = 0  # D, or "auto" (the planner's choice); 0 for plain decoding and servers
 
     @staticmethod

@@ -18,13 +18,22 @@ class Proposal:
     forwards: int = 0  # draft-model forwards run for it (d, or d + 1 after it dropped a token); 0: no model
     stop_confidence: float | None = None  # after an early stop: the drafter's probability of the last token it drafted
     options: dict[str, Proposal] | None = None  # drafter auto: each member's proposal, by drafter name
+    # a candidate tree: [d] each token's parent, an earlier index or -1 (it follows the context);
+    # None: a chain. Nodes come best first (confidence non-increasing), so any head is a tree
+    parents: list[int] | None = None
 
     def head(self, d: int) -> Proposal:
-        """The first d tokens of this proposal, with their probabilities and confidences."""
+        """The first d tokens of this proposal, with their probabilities, confidences and parents."""
         if d == len(self.tokens):
             return self
         return Proposal(self.tokens[:d], None if self.probs is None else self.probs[:d],
-                        None if self.confidence is None else self.confidence[:d])
+                        None if self.confidence is None else self.confidence[:d],
+                        parents=None if self.parents is None else self.parents[:d])
+
+    @property
+    def is_tree(self) -> bool:
+        """Some token is not its predecessor's child: verification must follow the parents."""
+        return self.parents is not None and any(p != i - 1 for i, p in enumerate(self.parents))
 
     def draft_probs(self, vocab_size: int) -> torch.Tensor:
         """q as a [d, vocab_size] tensor: the drafter's own, zero-padded to the target's width, or one-hot."""

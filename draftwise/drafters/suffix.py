@@ -12,6 +12,10 @@ depth - m tokens; there the draft re-anchors on its own last max_match tokens (c
 walks on, its scores carrying on, so a long copied passage (an agent asking again) drafts as far
 as the planner wants.
 
+With `tree=True` (drafter name `suffix-tree`) the draft is a candidate tree instead: the
+highest-scoring continuations below the matched node, best first (`grow`), so where the most
+frequent path is uncertain its runners-up are verified in the same forward.
+
 Example: the request so far is [5 6 7 9 5 6 7 9 5 6]; the suffix [5 6] occurred twice before,
 followed by 7 both times, then 9 both times: proposing 3 tokens gives [7 9 5], scores [1, 1, 1].
 
@@ -22,6 +26,7 @@ request's tokens first. A request in
 """
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -96,6 +101,32 @@ def walk(node: _Node, n: int, min_score: float, score: float = 1.0) -> tuple[lis
     return tokens, scores
 
 
+def grow(node: _Node, n: int, min_score: float) -> tuple[list[int], list[float], list[int]]:
+    """(tokens, scores, parents): the n highest-scoring nodes below `node` with score >= min_score,
+    best first (a parent's score is at least its children's, so parents come first and any head of
+    the list is a tree); scores as in `walk`, parents index into the list, -1 for `node`'s children."""
+    tokens, scores, parents = [], [], []
+    heap: list[tuple[float, int, int, _Node, int]] = []  # (-score, tie-break, token, node, parent)
+    order = 0
+
+    def push(nd: _Node, score: float, parent: int) -> None:
+        nonlocal order
+        total = sum(c.count for c in nd.children.values())
+        for t, child in nd.children.items():
+            heapq.heappush(heap, (-score * child.count / total, order, t, child, parent))
+            order += 1
+    push(node, 1.0, -1)
+    while heap and len(tokens) < n:
+        neg, _, t, child, parent = heapq.heappop(heap)
+        if -neg < min_score:
+            break
+        tokens.append(t)
+        scores.append(-neg)
+        parents.append(parent)
+        push(child, -neg, len(tokens) - 1)
+    return tokens, scores, parents
+
+
 @dataclass(slots=True)
 class _Request:
     trie: SuffixTrie
@@ -111,14 +142,15 @@ class SuffixDrafter:
     runner = None
 
     def __init__(self, depth: int = 24, max_match: int = 12, min_match: int = 2, min_score: float = 0.1,
-                 max_nodes: int = 200_000, share: bool = True):
+                 max_nodes: int = 200_000, share: bool = True, tree: bool = False):
         if not 1 <= min_match <= max_match <= depth:
             raise ValueError(f"suffix drafter needs 1 <= min_match <= max_match <= depth, got "
                              f"{min_match}, {max_match}, {depth}")
         if not 0.0 <= min_score <= 1.0 or max_nodes < 1:
             raise ValueError(f"need 0 <= min_score <= 1 and max_nodes >= 1, got {min_score}, {max_nodes}")
         self.depth, self.max_match, self.min_match, self.min_score = depth, max_match, min_match, min_score
-        self.max_nodes, self.share = max_nodes, share
+        self.max_nodes, self.share, self.tree = max_nodes, share, tree
+        self.name = "suffix-tree" if tree else "suffix"
         self.global_trie = SuffixTrie(depth)
         self._outputs: OrderedDict[int, list[int]] = OrderedDict()  # what the global trie holds, oldest first
         self._reqs: dict[int, _Request] = {}
@@ -136,29 +168,36 @@ class SuffixDrafter:
         if num_tokens <= 0:
             return Proposal([])
         tries = [r.trie] + ([self.global_trie] if self.share and seq_key not in self.private else [])
+        if self.tree:
+            node = self._match(tries, context[-self.max_match:], 1, 1.0)[3]
+            if node is None:
+                return Proposal([])
+            tokens, scores, parents = grow(node, num_tokens, self.min_score)
+            return Proposal(tokens, confidence=scores or None, parents=parents)
         tokens: list[int] = []
         scores: list[float] = []
         while len(tokens) < num_tokens:  # a walk ends at the trie's depth: re-anchor and go on
-            m, toks, sc = self._match(tries, context[-self.max_match:] + tokens, num_tokens - len(tokens),
-                                      scores[-1] if scores else 1.0)
+            m, toks, sc, _ = self._match(tries, context[-self.max_match:] + tokens, num_tokens - len(tokens),
+                                         scores[-1] if scores else 1.0)
             tokens += toks
             scores += sc
             if not toks or m + len(toks) < self.depth:  # not cut by the depth: the draft ends here
                 break
         return Proposal(tokens, confidence=scores or None)
 
-    def _match(self, tries: list[SuffixTrie], tail: list[int], n: int, score: float) -> tuple[int, list[int], list[float]]:
-        """(m, tokens, scores): the walk below the longest suffix of `tail` (m tokens) with a
-        continuation in any trie, the higher summed score on a tie; scores carry on from `score`."""
-        best: tuple[int, float, list[int], list[float]] = (0, 0.0, [], [])
+    def _match(self, tries: list[SuffixTrie], tail: list[int], n: int, score: float):
+        """(m, tokens, scores, node): the walk below the longest suffix of `tail` (m tokens, at
+        `node`) with a continuation in any trie, the higher summed score on a tie; scores carry on
+        from `score`."""
+        best: tuple = (0, 0.0, [], [], None)
         for trie in tries:
             for m in range(min(self.max_match, len(tail)), max(self.min_match, best[0]) - 1, -1):
                 node = trie.find(tail[-m:])
                 toks, sc = walk(node, n, self.min_score, score) if node is not None else ([], [])
                 if toks:
-                    best = max(best, (m, sum(sc), toks, sc))
+                    best = max(best, (m, sum(sc), toks, sc, node), key=lambda b: b[:2])
                     break
-        return best[0], best[2], best[3]
+        return best[0], best[2], best[3], best[4]
 
     def pending(self, seq_key: int, context: list[int]) -> int:
         return 0

@@ -1,0 +1,132 @@
+"""Candidate trees end to end: the suffix drafter's best-first tree, the planner's sizing, the
+loop's tree verification with KV compaction (fake and real torch model), and the refusals."""
+import numpy as np
+import pytest
+import torch
+
+from draftwise.drafters.base import Proposal
+from draftwise.drafters.suffix import SuffixDrafter
+from draftwise.engine import Engine
+from draftwise.planner import CostCurve, Planner
+from draftwise.sampling import SamplingParams
+from fakes import CharTokenizer, CycleRunner
+
+G = SamplingParams()
+K = 17
+
+
+def test_best_first_tree_with_scores_and_parents():
+    d = SuffixDrafter(depth=6, max_match=3, min_score=0.05, tree=True)
+    # after [1 2]: 3 twice, 4 once; after [1 2 3]: 9 both times; after [2 3 9]: 1 once, 8 once
+    p = d.propose(1, [1, 2, 3, 9, 1, 2, 4, 1, 2, 3, 9, 8, 1, 2], 4, G, None)
+    assert p.tokens == [3, 9, 4, 1] and p.parents == [-1, 0, -1, 1]
+    assert p.confidence == pytest.approx([2 / 3, 2 / 3, 1 / 3, 1 / 3])
+    assert p.is_tree and p.head(2).parents == [-1, 0] and not p.head(2).is_tree
+    d.min_score = 0.5
+    assert d.propose(1, [1, 2, 3, 9, 1, 2, 4, 1, 2, 3, 9, 8, 1, 2], 4, G, None).tokens == [3, 9]
+    assert SuffixDrafter(tree=True).name == "suffix-tree"
+
+
+def _planner(per_token_ms: float) -> Planner:
+    c = CostCurve({1: [10.0 + per_token_ms * (k - 1) for k in range(1, K + 1)]})
+    return Planner(c, None, prior=0.5, max_draft=16, margin=0.0)
+
+
+def test_planner_sizes_a_tree_by_its_nodes_chances_and_the_verify_curve():
+    pl = _planner(per_token_ms=2.0)  # each node costs 0.2 of a plain step
+    req = pl.new_request(100)
+    # (1 + 0.9 + 0.5) / 1.4 beats (1 + 0.9) / 1.2 and (1 + 0.9 + 0.5 + 0.1) / 1.6: two nodes
+    assert pl.plan(req, available=3, node_p=np.array([0.9, 0.5, 0.1])).d == 2
+    assert pl.plan(req, available=3, node_p=np.array([0.15, 0.1, 0.05])).d == 0  # none pays: plain
+    pl = _planner(per_token_ms=0.2)  # nearly free nodes: verify them all
+    assert pl.plan(pl.new_request(100), available=3, node_p=np.array([0.9, 0.5, 0.1])).d == 3
+
+
+def test_tree_calibration_learns_each_nodes_chance_from_verified_trees():
+    pl = _planner(2.0)
+    for _ in range(200):  # nodes scored 0.95 are on the accepted path a fifth of the time
+        pl.tree_calib.observe_nodes([0.95] * 5, [1.0, 0, 0, 0, 0])
+    assert pl.tree_calib(0.95) == pytest.approx(0.2, abs=0.03)
+
+
+class TreeCounter(CycleRunner):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.tree_forwards = 0
+
+    def forward(self, seq_ids, tokens, num_logits, parents=None):
+        self.tree_forwards += bool(parents and any(parents))
+        return super().forward(seq_ids, tokens, num_logits, parents)
+
+
+# [0 1 2] went on with 5 once and 3 once: the tree verifies both, the target (t + 1) picks 3
+PROMPT = [9, 0, 1, 2, 5, 8, 0, 1, 2, 3, 7, 0, 1]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.9, seed=3)])
+@pytest.mark.parametrize("d", [6, "auto"])
+def test_tree_decoding_is_plain_decoding(params, d, monkeypatch):
+    if d == "auto":  # the planner's curve, without profiling the fake runner
+        import draftwise.policy as policy
+        monkeypatch.setattr(policy, "make_planner", lambda runner, drafter, **kw: _planner(1.0))
+    runner = TreeCounter(period=7)
+    kw = dict(max_tokens=40, temperature=params.temperature, seed=params.seed)
+    plain = Engine(runner, CharTokenizer()).generate(PROMPT, **kw)
+    from draftwise.policy import make_policy
+    drafter = SuffixDrafter(tree=True)
+    eng = Engine(runner, CharTokenizer(), drafter, d, policy=make_policy(d, runner, drafter))
+    spec = eng.generate(PROMPT, **kw)
+    assert spec.token_ids == plain.token_ids
+    assert runner.tree_forwards > 0 and spec.stats.accepted_draft_tokens > 0 and runner.seqs == {}
+
+
+def test_a_backend_without_trees_is_refused_by_name():
+    runner = CycleRunner()
+    runner.trees = False
+    runner.backend = "llama.cpp"
+    with pytest.raises(ValueError, match="suffix-tree proposes candidate trees; the llama.cpp backend"):
+        Engine(runner, CharTokenizer(), SuffixDrafter(tree=True), 4)
+
+
+def test_proposal_head_of_a_tree_is_a_tree():
+    p = Proposal([1, 2, 3], confidence=[0.9, 0.5, 0.4], parents=[-1, -1, 0])
+    assert p.head(2).parents == [-1, -1] and p.head(2).is_tree
+    assert not Proposal([1, 2], parents=[-1, 0]).is_tree
+
+
+@pytest.fixture(scope="module")
+def smol():
+    from draftwise.models.load import load_torch
+    return load_torch("smollm2-135m", threads=2)
+
+
+def test_torch_tree_forward_equals_each_paths_chain_and_keep_compacts(smol):
+    runner, tok = smol
+    prompt = tok.encode("def add(a, b):\n    return")
+    tree, chain = runner.new_sequence(), runner.new_sequence()
+    for s in (tree, chain):
+        runner.forward([s], [prompt[:-1]], [0])
+    n = runner.length(tree)
+    # new tokens: last, A (0), B (0), C (1), D (2): the path last -> B -> D as a chain
+    rows = runner.forward([tree], [[prompt[-1], 264, 287, 300, 301]], [5], [[-1, 0, 0, 1, 2]])[0]
+    want = runner.forward([chain], [[prompt[-1], 287, 301]], [3])[0]
+    torch.testing.assert_close(rows[[0, 2, 4]], want, atol=1e-3, rtol=0)
+    runner.keep(tree, n + 1, [n + 2, n + 4])
+    assert runner.length(tree) == runner.length(chain) == n + 3
+    a, b = (runner.forward([s], [[55]], [1])[0] for s in (tree, chain))
+    torch.testing.assert_close(a, b, atol=1e-3, rtol=0)
+    with pytest.raises(ValueError, match="cannot keep"):
+        runner.keep(tree, n, [n + 10])
+    for s in (tree, chain):
+        runner.free(s)
+
+
+def test_torch_greedy_tree_decoding_equals_plain(smol):
+    from draftwise.compare import divergence_report
+    from draftwise.prompts import edit_eval
+    runner, tok = smol
+    ids = edit_eval(1)[0].token_ids(tok)
+    plain = Engine(runner, tok).generate(ids, max_tokens=48)
+    spec = Engine(runner, tok, SuffixDrafter(tree=True), 8).generate(ids, max_tokens=48)
+    assert divergence_report(runner, ids, plain.token_ids, spec.token_ids) is None
+    assert spec.stats.accepted_draft_tokens > 0
