@@ -78,6 +78,7 @@ class EngineSpec(ModelFields):
     drafter: str = "ngram"  # none | model | ngram | suffix | suffix-tree | head | auto (AUTO_MEMBERS, chosen per round)
     num_draft_tokens: int | str = "auto"  # a fixed D, or "auto": the planner picks D per round
     max_running: int = 4  # sequences held at once (llama.cpp streams): requests batched together
+    trees: bool = False  # llama.cpp: load the target able to verify candidate trees (one unified KV); suffix-tree implies it
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -190,4 +191,5 @@ def _backend_kw(backend: str, spec: EngineSpec, draft: bool = False, kernels: st
     if backend != "llama.cpp":
         return {}
     return {"fast_kernels": (kernels or spec.kernels) == "repacked", "n_seq_max": spec.max_running,
+            **({"trees": True} if not draft and (getattr(spec, "trees", False) or spec.drafter == "suffix-tree") else {}),
             **({"n_batch": spec.n_batch} if spec.n_batch else {})}

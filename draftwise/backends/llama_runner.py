@@ -15,6 +15,19 @@ Numerics (measured on smollm2-135m, CPU, without the repacked kernels): with fla
 was split into forwards of up to ~48 tokens (on Qwen2.5-1.5B Q4_K_M one 16-token near-tie was seen), so greedy speculative output equals plain decoding; larger batches (a long prefill) take
 another kernel path and differ in the low bits. With flash attention off, one-token forwards drift
 from batched ones after a few tokens, enough to flip greedy choices.
+
+Candidate trees (`trees=True`): the KV is one unified stream, where a cell may belong to several
+sequence ids. Each leaf of a tree gets a branch sequence id that first shares the request's cells
+(llama_memory_seq_cp, bookkeeping only); each new token carries the ids of the leaves below it and
+sits at position length + its depth, so llama.cpp's mask (same sequence id, position not after the
+token's) lets it see its ancestors only. `keep` copies the accepted path's cells from a branch to
+the request's id and hands every branch's cells to the request's graveyard id, freed with the
+request: a freed cell before a sequence's newer ones would take its next token, and llama.cpp's
+CPU flash attention then computes otherwise (measured on SmolLM2: a token written into such a
+hole got logits 0.7 away from the same token appended; bit-identical with flash attention off,
+which drifts in other ways). For the same reason a runner with trees holds one sequence at a
+time (another's freed cells would be such holes), and twice n_ctx cells, the rest for rejected
+branches.
 """
 from __future__ import annotations
 
@@ -25,7 +38,7 @@ import llama_cpp as _ll
 import numpy as np
 import torch
 
-from draftwise.backends.base import check_forward_args, equal_split_parts
+from draftwise.backends.base import check_forward_args, equal_split_parts, padded_parts, tree_layout
 from draftwise.machine import cpu_flags, physical_cores
 
 _LOG_CALLBACK = None  # must outlive every llama.cpp call: C keeps the bare pointer
@@ -53,17 +66,24 @@ def _amx_would_crash() -> bool:
     return b"AMX" in _ll.llama_print_system_info() and "amx_tile" in cpu_flags()
 
 
+GRAVEYARD = 1  # trees: the sequence id holding rejected branches' cells until the sequence is freed
+# branch sequence ids for a tree's leaves. The suffix drafter's leaves are an antichain of scores
+# >= min_score summing to <= 1: at most 10 at its default 0.1
+MAX_LEAVES = 16
+
+
 class LlamaRunner:
     backend = "llama.cpp"
-    # a candidate tree's branches would each need a sequence id sharing the request's KV stream;
-    # with one stream per sequence (kv_unified=False) a token cannot join several, so no trees
-    trees = False
 
     def __init__(self, model_path: str, n_ctx: int | None = None, n_batch: int = 512, n_seq_max: int = 4,
                  n_threads: int | None = None, n_threads_batch: int | None = None,
-                 extra_bufts: bool | None = None, flash_attn: bool | None = None):
+                 extra_bufts: bool | None = None, flash_attn: bool | None = None, trees: bool = False):
         if n_seq_max < 1 or n_batch < 1:
             raise ValueError(f"n_seq_max ({n_seq_max}) and n_batch ({n_batch}) must be >= 1")
+        if trees and n_seq_max != 1:
+            raise ValueError(f"a llama.cpp runner with candidate trees holds one sequence at a time (see the "
+                             f"module docstring), got n_seq_max {n_seq_max}: run with max_running 1")
+        self.trees = trees
         self._model = self._ctx = self._batch = None
         self.model_path = str(model_path)
         if not os.path.isfile(self.model_path):
@@ -88,9 +108,10 @@ class LlamaRunner:
         threads = n_threads or physical_cores()
 
         cp = _ll.llama_context_default_params()
-        cp.n_ctx = n_ctx * n_seq_max  # llama.cpp splits n_ctx evenly over the sequence streams
-        cp.n_seq_max = n_seq_max
-        cp.kv_unified = False  # per-sequence streams: each one attends over its own cells only
+        cp.n_ctx = n_ctx * n_seq_max * (2 if trees else 1)  # split evenly over the streams; trees: see above
+        n_ids = 2 + MAX_LEAVES if trees else n_seq_max  # trees: the sequence, its graveyard, the leaves
+        cp.n_seq_max = n_ids
+        cp.kv_unified = trees  # else per-sequence streams: each one attends over its own cells only
         cp.n_batch = cp.n_ubatch = n_batch  # one logical batch = one physical batch; bigger ones split here
         cp.n_threads, cp.n_threads_batch = threads, n_threads_batch or threads
         if flash_attn is not None:  # None: llama.cpp's auto (on for the CPU), see the docstring
@@ -101,9 +122,9 @@ class LlamaRunner:
             raise RuntimeError(f"llama.cpp could not create a context of {n_ctx} x {n_seq_max} tokens "
                                f"for {self.model_path}")
         self._mem = _ll.llama_get_memory(self._ctx)
-        self.n_seq_max = int(_ll.llama_n_seq_max(self._ctx))
+        self.n_seq_max = n_seq_max if trees else int(_ll.llama_n_seq_max(self._ctx))
         self.n_batch = int(_ll.llama_n_batch(self._ctx))
-        self.max_context = min(n_ctx, int(_ll.llama_n_ctx_seq(self._ctx)))
+        self.max_context = n_ctx if trees else min(n_ctx, int(_ll.llama_n_ctx_seq(self._ctx)))
         self.n_threads = threads
         self.hidden_size = int(_ll.llama_model_n_embd(self._model))
         self.num_layers = int(_ll.llama_model_n_layer(self._model))
@@ -115,16 +136,23 @@ class LlamaRunner:
         # One batch, reused: numpy views over its token/pos/logits arrays are filled by slices.
         # llama_batch_init mallocs each token's seq_id list apart, so those are written one by one,
         # and only where the sequence id changed since the last forward.
-        self._batch = _ll.llama_batch_init(self.n_batch, 0, 1)
+        self._batch = _ll.llama_batch_init(self.n_batch, 0, n_ids)
         b, n = self._batch, self.n_batch
         self._tok = np.ctypeslib.as_array(b.token, shape=(n,))
         self._pos = np.ctypeslib.as_array(b.pos, shape=(n,))
         self._want = np.ctypeslib.as_array(b.logits, shape=(n,))
-        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
+        self._n_ids = np.ctypeslib.as_array(b.n_seq_id, shape=(n,))
+        self._n_ids[:] = 1
         self._seq_written = np.full(n, -1, dtype=np.int32)  # what each b.seq_id[i][0] holds now
 
         self._lengths: dict[int, int] = {}  # live sequence id -> tokens in its KV
         self._free_ids = list(range(self.n_seq_max - 1, -1, -1))  # pop() hands out the lowest id
+        self._branch_ids = list(range(n_ids - 1, 1, -1))  # trees: ids for the leaves (1: the graveyard)
+        self._pending: dict[int, _Tree] = {}  # sequence -> the tree its last forward fed
+        # the sequence's length at its first tree since the graveyard was emptied: a truncation to
+        # at most this frees the graveyard too (its cells all come after the ones kept); a deeper
+        # one leaves it, since a rejected branch may sit before a kept cell
+        self._dead_from: int | None = None
 
     # --- sequences -------------------------------------------------------------------------
 
@@ -137,22 +165,70 @@ class LlamaRunner:
         return seq
 
     def length(self, seq_id: int) -> int:
-        return self._lengths[seq_id]
+        t = self._pending.get(seq_id)
+        return self._lengths[seq_id] + (len(t.parents) if t else 0)
 
     def truncate(self, seq_id: int, n: int) -> None:
+        if seq_id in self._pending:  # after a tree: keep its first n - length fed tokens (a chain)
+            self.keep(seq_id, n, [])
+            return
         cur = self._lengths[seq_id]
         if not 0 <= n <= cur:
             raise ValueError(f"cannot truncate sequence {seq_id} of {cur} tokens to {n}")
         if n < cur:
             if not _ll.llama_memory_seq_rm(self._mem, seq_id, n, -1):
                 raise RuntimeError(f"llama.cpp refused to remove positions {n}.. of sequence {seq_id}")
+            if self._dead_from is not None and n <= self._dead_from:  # every rejected branch came after n
+                _ll.llama_memory_seq_rm(self._mem, GRAVEYARD, -1, -1)
+                self._dead_from = None
             self._lengths[seq_id] = n
 
+    def keep(self, seq_id: int, n: int, rows: list[int]) -> None:
+        """After a tree forward: keep the first n tokens and the fed tokens at `rows`, which must
+        extend them along one root-to-node path of the tree."""
+        t = self._pending.get(seq_id)
+        start = self._lengths[seq_id]
+        if t is None:
+            if rows != list(range(n, n + len(rows))):
+                raise ValueError(f"sequence {seq_id} holds a chain: keep rows {rows} after {n} tokens is not one")
+            self.truncate(seq_id, n + len(rows))
+            return
+        kept = list(range(n - start)) + [r - start for r in rows]  # indices into the fed tokens
+        if n < start:
+            kept = []
+        ok = all(0 <= j < len(t.parents) for j in kept) and all(
+            t.parents[j] == (kept[i - 1] if i else -1) for i, j in enumerate(kept))
+        if not ok:
+            raise ValueError(f"cannot keep {n} tokens and rows {rows} of sequence {seq_id}: not a path of its tree")
+        if self._dead_from is None:
+            self._dead_from = start
+        if kept:  # the accepted path's cells, from a branch below its last node, join the sequence
+            branch = t.leaf_ids[t.below[kept[-1]][0]]
+            _ll.llama_memory_seq_cp(self._mem, branch, seq_id, start, start + len(kept))
+        self._drop_tree(seq_id)
+        self._lengths[seq_id] = start + len(kept)
+        if n < start:
+            self.truncate(seq_id, n)
+
+    def _drop_tree(self, seq_id: int) -> None:
+        """The branches' cells go to the graveyard (never a hole before the sequence's next cells)."""
+        t = self._pending.pop(seq_id, None)
+        if t is None:
+            return
+        for b in t.leaf_ids.values():
+            _ll.llama_memory_seq_cp(self._mem, b, GRAVEYARD, -1, -1)
+            _ll.llama_memory_seq_rm(self._mem, b, -1, -1)
+            self._branch_ids.append(b)
+
     def free(self, seq_id: int) -> None:
+        self._drop_tree(seq_id)
         if self._lengths.pop(seq_id, None) is None:
             return
         if self._ctx:
             _ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+            if self.trees:
+                _ll.llama_memory_seq_rm(self._mem, GRAVEYARD, -1, -1)
+                self._dead_from = None
         self._free_ids.append(seq_id)
         self._free_ids.sort(reverse=True)
 
@@ -172,15 +248,19 @@ class LlamaRunner:
         self._features = layers
         _ll.llama_set_embeddings(self._ctx, layers is not None)
 
-    # a batch runs as ubatches of equally many tokens per sequence (split_equal; past n_batch
-    # tokens more splits follow, and a decoding step stays far below it)
-    forward_parts = staticmethod(equal_split_parts)
+    def forward_parts(self, ks: list[int]) -> list[tuple[int, int]]:
+        """Separate streams: ubatches of equally many tokens per sequence (split_equal; past
+        n_batch tokens more splits follow, and a decoding step stays far below it). Unified (trees):
+        one ubatch of every token, priced as padded."""
+        return padded_parts(ks) if self.trees else equal_split_parts(ks)
 
     def forward(self, seq_ids: list[int], tokens: list[list[int]], num_logits: list[int],
                 parents: list[list[int] | None] | None = None) -> list[torch.Tensor]:
         check_forward_args(seq_ids, tokens, num_logits)
-        if parents and any(parents):
-            raise ValueError("the llama.cpp backend verifies chains only, not candidate trees")
+        if parents and any(parents) and not self.trees:
+            raise ValueError("this llama.cpp runner verifies chains only: load it with trees=True for candidate trees")
+        if parents and any(parents) and self._features is not None:
+            raise ValueError("candidate trees and target features (a draft head) do not go together")
         if self._ctx is None:
             raise RuntimeError("this LlamaRunner is closed")
         if len(set(seq_ids)) != len(seq_ids):
@@ -193,6 +273,8 @@ class LlamaRunner:
             if start + len(toks) > self.max_context:
                 raise ValueError(f"sequence {seq} holds {start} tokens; {len(toks)} more would exceed "
                                  f"the context of {self.max_context} tokens per sequence")
+            if seq in self._pending:
+                raise ValueError(f"sequence {seq} holds an unverified tree: keep() or truncate() it first")
             starts.append(start)
 
         # the batch: each sequence's new tokens in turn, logits only for its last k
@@ -205,22 +287,34 @@ class LlamaRunner:
         want = np.zeros(total, dtype=np.int8)
         for off, n, k in zip(offsets, counts, num_logits):
             want[off + n - k: off + n] = 1
+        ids: dict[int, list[int]] = {}  # batch index -> every sequence id of a tree's token
+        trees = {s: _Tree.of(p) for s, p in zip(seq_ids, parents or []) if p}
+        for i, (s, t) in enumerate(trees.items()):
+            off, start = int(offsets[seq_ids.index(s)]), starts[seq_ids.index(s)]
+            t.assign(self._branch_ids, self._mem, s)
+            self._pending[s] = t
+            pos[off: off + len(t.parents)] = start + np.array(t.depth)
+            for j, leaves in enumerate(t.below):
+                ids[off + j] = [t.leaf_ids[x] for x in leaves]
 
         rows, feats = [], []  # [n_out, V] and [n_out, H] per decode, copied: llama.cpp reuses its buffers
         try:
             for lo in range(0, total, self.n_batch):
                 hi = min(lo + self.n_batch, total)
-                self._decode(tok[lo:hi], pos[lo:hi], seq[lo:hi], want[lo:hi])
+                self._decode(tok[lo:hi], pos[lo:hi], seq[lo:hi], want[lo:hi],
+                             {i - lo: v for i, v in ids.items() if lo <= i < hi})
                 if want[lo:hi].any():
                     rows.append(self._read_logits(want[lo:hi]))
                     if self._features is not None:
                         feats.append(self._read_rows(_ll.llama_get_embeddings_ith, want[lo:hi], self.hidden_size))
         except BaseException:
             for s, start in zip(seq_ids, starts):  # a failed or split decode may leave cells behind
+                self._drop_tree(s)
                 _ll.llama_memory_seq_rm(self._mem, s, start, -1)
             raise
         for s, n in zip(seq_ids, counts):
-            self._lengths[s] += int(n)
+            if s not in trees:  # a tree's tokens join the sequence at keep()
+                self._lengths[s] += int(n)
 
         logits = torch.from_numpy(rows[0] if len(rows) == 1 else np.concatenate(rows)) if rows \
             else torch.empty(0, self.vocab_size)
@@ -234,12 +328,19 @@ class LlamaRunner:
             self.last_features = [f[e - k: e] for e, k in zip(ends, num_logits)]  # [k, H] each
         return out
 
-    def _decode(self, tok: np.ndarray, pos: np.ndarray, seq: np.ndarray, want: np.ndarray) -> None:
+    def _decode(self, tok: np.ndarray, pos: np.ndarray, seq: np.ndarray, want: np.ndarray,
+                ids: dict[int, list[int]] | None = None) -> None:
         n = len(tok)
         self._tok[:n], self._pos[:n], self._want[:n] = tok, pos, want
         for i in np.flatnonzero(self._seq_written[:n] != seq):
             self._batch.seq_id[i][0] = int(seq[i])
             self._seq_written[i] = seq[i]
+            self._n_ids[i] = 1
+        for i, v in (ids or {}).items():  # a tree's token: its leaves' branch ids
+            for k, s in enumerate(v):
+                self._batch.seq_id[i][k] = s
+            self._n_ids[i] = len(v)
+            self._seq_written[i] = -1  # rewritten by the next forward
         self._batch.n_tokens = n
         rc = _ll.llama_decode(self._ctx, self._batch)
         if rc != 0:
@@ -293,7 +394,8 @@ class LlamaRunner:
         rows of its cells plus a few bytes of metadata); the preallocated buffer is larger."""
         if self._ctx is None:
             return 0
-        return sum(int(_ll.llama_state_seq_get_size(self._ctx, s)) for s in self._lengths)
+        ids = list(self._lengths) + ([GRAVEYARD] if self.trees else [])
+        return sum(int(_ll.llama_state_seq_get_size(self._ctx, s)) for s in ids)
 
     def close(self) -> None:
         if getattr(self, "_batch", None) is not None:
@@ -312,3 +414,30 @@ class LlamaRunner:
             self.close()
         except Exception:  # interpreter shutdown may have torn down ctypes or the module already
             pass
+
+
+class _Tree:
+    """A fed candidate tree: per fed token its parent, depth and the leaves below it; the leaves'
+    branch sequence ids once assigned."""
+
+    def __init__(self, parents: list[int]):
+        self.parents = parents
+        self.depth, sees = tree_layout(parents)
+        leaves = [j for j in range(len(parents)) if j not in set(parents)]
+        self.below = [[x for x in leaves if j in sees[x]] for j in range(len(parents))]  # [n] leaves under j
+        self.leaf_ids: dict[int, int] = {}
+
+    @classmethod
+    def of(cls, parents: list[int]) -> _Tree:
+        if sum(p < 0 for p in parents) != 1 or parents[0] != -1:
+            raise ValueError("a fed tree has one root, its first token")
+        t = cls(parents)
+        if len(t.below[0]) > MAX_LEAVES:
+            raise ValueError(f"a tree of {len(t.below[0])} leaves: at most {MAX_LEAVES}")
+        return t
+
+    def assign(self, free: list[int], mem, seq: int) -> None:
+        """A branch id per leaf, each sharing every cell of `seq` (bookkeeping in a unified KV)."""
+        for x in self.below[0]:
+            self.leaf_ids[x] = b = free.pop()
+            _ll.llama_memory_seq_cp(mem, seq, b, -1, -1)

@@ -117,7 +117,8 @@ class BenchConfig(ModelFields):
         """The spec an in-process configuration loads with; it holds every concurrency level's requests."""
         drafting = any(c.drafter != "none" for c in self.run_configs())  # one target serves every configuration
         return EngineSpec(**{**self.model_fields(), "kernels": resolve_kernels(self.kernels, drafting)},
-                          drafter=drafter, num_draft_tokens=num_draft_tokens, max_running=max(self.concurrency))
+                          drafter=drafter, num_draft_tokens=num_draft_tokens, max_running=max(self.concurrency),
+                          trees=any(c.drafter == "suffix-tree" for c in self.run_configs()))
 
     def run_configs(self) -> list[RunConfig]:
         if self.endpoints:

@@ -60,7 +60,8 @@ def load_torch(spec: str, device: str = "cpu", threads: int | None = None, max_c
 
 
 def load_llama(spec: str, threads: int | None = None, n_ctx: int | None = None, n_batch: int | None = None,
-               n_seq_max: int | None = None, device: str | None = None, fast_kernels: bool = False):
+               n_seq_max: int | None = None, device: str | None = None, fast_kernels: bool = False,
+               trees: bool = False):
     """(LlamaRunner, Tokenizer) for a GGUF model spec (packaged name or .gguf path).
     fast_kernels: llama.cpp's repacked-weight kernels, faster but not batch-invariant
     (backends/llama_runner.py)."""
@@ -72,8 +73,8 @@ def load_llama(spec: str, threads: int | None = None, n_ctx: int | None = None, 
     if src.kind != "gguf":
         raise ValueError(f"the llama.cpp backend needs a GGUF model, but {spec!r} is a {src.kind} "
                          f"({src.path}); pass a .gguf file or a packaged name, or use the torch backend")
-    runner = LlamaRunner(src.path, n_ctx=n_ctx, n_batch=n_batch or 512, n_seq_max=n_seq_max or 4,
-                         n_threads=threads, extra_bufts=fast_kernels)
+    runner = LlamaRunner(src.path, n_ctx=n_ctx, n_batch=n_batch or 512, n_seq_max=n_seq_max or (1 if trees else 4),
+                         n_threads=threads, extra_bufts=fast_kernels, trees=trees)
     return runner, load_tokenizer(src)
 
 
