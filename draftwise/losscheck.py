@@ -109,6 +109,8 @@ class SamplingReport:
     required_rejections: int
     results: list[PositionResult] = field(default_factory=list)
     bug_bias: list[BugBias] = field(default_factory=list)  # per prompt, at position 1 (if predicted)
+    rounds: int = 0  # speculative draws' verification rounds starting at a tested position
+    tree_rounds: int = 0  # ... of which the draft was a candidate tree
 
     @property
     def verdict(self) -> str:
@@ -126,6 +128,8 @@ class SamplingReport:
                  f"{len(self.results)} positions)",
                  f"rejections at tested positions: {rej} in all; a position counts as tested with "
                  f">= {self.required_rejections}",
+                 *([f"candidate trees: {self.tree_rounds} of the {self.rounds} rounds starting at tested "
+                    "positions"] if self.tree_rounds else []),
                  "prompt pos  rejections  tested  categories  chi2 p     G p        TV [95% CI]"]
         for r in self.results:
             lines.append(f"{r.prompt:6d} {r.position:3d}  {r.rejections:10d}  {str(r.tested):6}  {r.categories:10d}  "
@@ -142,7 +146,8 @@ class SamplingReport:
 
     def to_dict(self) -> dict:
         return {**{k: getattr(self, k) for k in ("samples", "positions", "min_tv", "alpha", "power",
-                                                 "required_samples", "required_rejections", "verdict")},
+                                                 "required_samples", "required_rejections", "verdict",
+                                                 "rounds", "tree_rounds")},
                 "results": [asdict(r) for r in self.results], "bug_bias": [asdict(b) for b in self.bug_bias]}
 
 
@@ -179,7 +184,10 @@ def check_sampling(plain: Engine, spec: Engine, prompts: list[list[int]], temper
                 plain_samples[i] = base
         # room for a full draft at every tested position, so drafting is as in normal use
         draws, rounds = _draw(spec, ids, positions + 1 + spec.max_draft, range(n), kw)
-        rejected_at = Counter(s + a for rs in rounds for s, d, a in rs if a < d)
+        rejected_at = Counter(r.position + r.accepted for rs in rounds for r in rs if r.accepted < r.proposed)
+        tested = [r for rs in rounds for r in rs if 1 <= r.position <= positions]
+        rep.rounds += len(tested)
+        rep.tree_rounds += sum(r.tree for r in tested)
         for j in range(1, positions + 1):  # position 0 comes from the prompt's logits: never drafted
             a, b = [o[j] for o in draws], [o[j] for o in base[:n]]
             chi_p, g_p, _, cats = homogeneity_test(a, b)

@@ -38,7 +38,7 @@ from functools import partial
 
 import torch
 
-from draftwise.backends.base import ModelRunner, forward_parts, padded_parts
+from draftwise.backends.base import ModelRunner, forward_parts, padded_parts, tree_layout
 from draftwise.drafters.base import Drafter, Proposal
 from draftwise.output import OutputTracker
 from draftwise.planner import Batch
@@ -420,8 +420,9 @@ class Scheduler:
             self.drafter.observe(st.key, len(st.ctx) - 1, feats[: res.num_accepted + 1])
         st.stats.verify_s += t_fwd + time.perf_counter() - t_req  # each request waited for all the forward
         if prop.tokens:
-            st.stats.record_round(len(prop.tokens), res.num_accepted)
-            st.rounds.append(Round(len(st.out.token_ids), len(prop.tokens), res.num_accepted))
+            st.stats.record_round(len(prop.tokens), res.num_accepted,
+                                  max(tree_layout(prop.parents)[0]) + 1 if res.path is not None else None)
+            st.rounds.append(Round(len(st.out.token_ids), len(prop.tokens), res.num_accepted, res.path is not None))
             self.observer.round(len(prop.tokens), res.num_accepted)
         else:
             st.stats.plain_steps += 1

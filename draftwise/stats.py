@@ -10,7 +10,10 @@ Counters (words as defined in `draftwise.verify`):
 - plain_steps: target steps with no draft, each emitting one token; the prefill step that emits
   the first token counts as one.
 - discarded_tokens: tokens produced by a step but cut by a stop.
-- proposed_per_position[i] / accepted_per_position[i]: the same counts for draft position i.
+- proposed_per_position[i] / accepted_per_position[i]: the same counts for draft position i
+  (a candidate tree: rounds whose tree reached depth i + 1, and accepted paths that did).
+- tree_rounds: verification rounds whose draft was a candidate tree (branching); their
+  proposed_tokens are its nodes, all verified in the one forward.
 Times in seconds: prefill_s (prompt forward, first token), draft_s, verify_s (target forwards
 and the acceptance test of rounds and plain steps), other_s (the rest of wall_s: bookkeeping,
 stop checks, detokenising, callbacks).
@@ -35,6 +38,7 @@ class SpecStats:
     round_emitted_tokens: int = 0
     plain_steps: int = 0
     discarded_tokens: int = 0
+    tree_rounds: int = 0
     proposed_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     prefill_s: float = 0.0
@@ -49,11 +53,13 @@ class SpecStats:
     predicted_s: float = 0.0
     predicted_plain_s: float = 0.0
 
-    def record_round(self, proposed: int, accepted: int) -> None:
+    def record_round(self, proposed: int, accepted: int, depth: int | None = None) -> None:
+        """`depth`: a candidate tree's depth (its positions); None: a chain of `proposed`."""
         self.verification_rounds += 1
         self.proposed_tokens += proposed
         self.accepted_draft_tokens += accepted
-        _grow(self.proposed_per_position, proposed)
+        self.tree_rounds += depth is not None
+        _grow(self.proposed_per_position, proposed if depth is None else depth)
         _grow(self.accepted_per_position, accepted)
         self.accepted_per_position.extend([0] * (len(self.proposed_per_position) - len(self.accepted_per_position)))
 
@@ -119,7 +125,8 @@ def _grow(counts: list[int], upto: int) -> None:
 _ROWS = (
     ("emitted_tokens", "{:d}"), ("tokens_per_s", "{:.2f}"), ("ms_per_emitted_token", "{:.1f}"),
     ("proposed_tokens", "{:d}"), ("accepted_draft_tokens", "{:d}"), ("acceptance_rate", "{:.3f}"),
-    ("acceptance_length", "{:.2f}"), ("verification_rounds", "{:d}"), ("plain_steps", "{:d}"),
+    ("acceptance_length", "{:.2f}"), ("verification_rounds", "{:d}"), ("tree_rounds", "{:d}"),
+    ("plain_steps", "{:d}"),
     ("discarded_tokens", "{:d}"), ("prefill_s", "{:.2f}"), ("draft_s", "{:.2f}"), ("verify_s", "{:.2f}"),
     ("other_s", "{:.3f}"), ("wall_s", "{:.2f}"),
 )
