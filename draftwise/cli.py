@@ -210,7 +210,9 @@ def cmd_verify(a) -> int:
     if a.drafter == "none":
         raise ValueError("verify compares a drafter with plain decoding: choose --drafter model or ngram")
     sampler = {"sampler": BUGS[a.inject_bug]} if a.inject_bug else {}
-    spec, runner, tok = build_engine(_spec(a, max_running=2), reuse_prefix=True, **sampler)
+    # a llama.cpp runner with candidate trees holds one sequence: the engines take turns (release)
+    spec, runner, tok = build_engine(_spec(a, max_running=1 if a.drafter == "suffix-tree" else 2),
+                                     reuse_prefix=True, **sampler)
     plain = Engine(runner, tok, reuse_prefix=True, max_running=1)
     prompts = [p.token_ids(tok) for p in load_workload(a.workload, a.prompts)][: a.prompts]
     if a.temperature == 0:

@@ -225,7 +225,9 @@ def check_greedy(plain: Engine, spec: Engine, prompts: list[list[int]], max_toke
     tok = plain.tokenizer
     for i, ids in enumerate(prompts):
         a = plain.generate(ids, max_tokens=max_tokens).token_ids
+        plain.release()  # the kept prompt state: the engines share one runner, which may hold one sequence
         b = spec.generate(ids, max_tokens=max_tokens).token_ids
+        spec.release()
         j = first_divergence(a, b)
         if j is not None:
             rep.divergences.append({"prompt": i, "position": j, "plain_text": tok.decode(a[j:]),

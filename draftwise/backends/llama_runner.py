@@ -82,7 +82,7 @@ class LlamaRunner:
             raise ValueError(f"n_seq_max ({n_seq_max}) and n_batch ({n_batch}) must be >= 1")
         if trees and n_seq_max != 1:
             raise ValueError(f"a llama.cpp runner with candidate trees holds one sequence at a time (see the "
-                             f"module docstring), got n_seq_max {n_seq_max}: run with max_running 1")
+                             f"module docstring), got n_seq_max {n_seq_max}: run with --max-running 1")
         self.trees = trees
         self._model = self._ctx = self._batch = None
         self.model_path = str(model_path)
