@@ -109,7 +109,7 @@ class SamplingReport:
     required_rejections: int
     results: list[PositionResult] = field(default_factory=list)
     bug_bias: list[BugBias] = field(default_factory=list)  # per prompt, at position 1 (if predicted)
-    rounds: int = 0  # speculative draws' verification rounds starting at a tested position
+    rounds: int = 0  # the speculative draws' verification rounds
     tree_rounds: int = 0  # ... of which the draft was a candidate tree
 
     @property
@@ -128,8 +128,8 @@ class SamplingReport:
                  f"{len(self.results)} positions)",
                  f"rejections at tested positions: {rej} in all; a position counts as tested with "
                  f">= {self.required_rejections}",
-                 *([f"candidate trees: {self.tree_rounds} of the {self.rounds} rounds starting at tested "
-                    "positions"] if self.tree_rounds else []),
+                 *([f"candidate trees: {self.tree_rounds} of the speculative draws' {self.rounds} "
+                    "verification rounds"] if self.tree_rounds else []),
                  "prompt pos  rejections  tested  categories  chi2 p     G p        TV [95% CI]"]
         for r in self.results:
             lines.append(f"{r.prompt:6d} {r.position:3d}  {r.rejections:10d}  {str(r.tested):6}  {r.categories:10d}  "
@@ -151,12 +151,15 @@ class SamplingReport:
                 "results": [asdict(r) for r in self.results], "bug_bias": [asdict(b) for b in self.bug_bias]}
 
 
-def _draw(engine: Engine, ids: list[int], m: int, seeds: range, kw: dict) -> tuple[list[list[int]], list[list]]:
+def _draw(engine: Engine, ids: list[int], m: int, seeds: range, kw: dict, rep=None) -> tuple[list[list[int]], list[list]]:
     outs, rounds = [], []
     for s in seeds:
         r = engine.generate(ids, max_tokens=m, seed=s, **kw)
         outs.append(r.token_ids + [ENDED] * (m - len(r.token_ids)))
         rounds.append(r.rounds)
+        if rep is not None:
+            rep.rounds += r.stats.verification_rounds
+            rep.tree_rounds += r.stats.tree_rounds
     engine.release()  # the kept prompt state: several engines may share one runner
     return outs, rounds
 
@@ -183,11 +186,8 @@ def check_sampling(plain: Engine, spec: Engine, prompts: list[list[int]], temper
             if plain_samples is not None:
                 plain_samples[i] = base
         # room for a full draft at every tested position, so drafting is as in normal use
-        draws, rounds = _draw(spec, ids, positions + 1 + spec.max_draft, range(n), kw)
-        rejected_at = Counter(r.position + r.accepted for rs in rounds for r in rs if r.accepted < r.proposed)
-        tested = [r for rs in rounds for r in rs if 1 <= r.position <= positions]
-        rep.rounds += len(tested)
-        rep.tree_rounds += sum(r.tree for r in tested)
+        draws, rounds = _draw(spec, ids, positions + 1 + spec.max_draft, range(n), kw, rep)
+        rejected_at = Counter(s + a for rs in rounds for s, d, a in rs if a < d)
         for j in range(1, positions + 1):  # position 0 comes from the prompt's logits: never drafted
             a, b = [o[j] for o in draws], [o[j] for o in base[:n]]
             chi_p, g_p, _, cats = homogeneity_test(a, b)

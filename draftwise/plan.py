@@ -35,7 +35,7 @@ def pilot(engine: Engine, prompts: list[list[int]], max_tokens: int) -> Pilot:
     rounds, plain, draft_s, other_s, prefill_s = [], 0, 0.0, 0.0, 0.0
     for ids in prompts:
         r: GenerationResult = engine.generate(ids, max_tokens=max_tokens)
-        rounds += [(p, a) for _, p, a in r.rounds]
+        rounds += [(x.proposed, x.accepted) for x in r.rounds]
         plain += r.stats.plain_steps - 1  # the prefill step is not a decode step
         draft_s, other_s = draft_s + r.stats.draft_s, other_s + r.stats.other_s
         prefill_s += r.stats.prefill_s

@@ -12,11 +12,10 @@ from draftwise.stats import SpecStats
 
 class Round(NamedTuple):
     """One verification round: the output position of its first draft token, tokens proposed,
-    draft tokens accepted, and whether the draft was a candidate tree."""
+    draft tokens accepted."""
     position: int
     proposed: int
     accepted: int
-    tree: bool = False
 
 
 class PlanStep(NamedTuple):

@@ -620,7 +620,7 @@ def test_risk_asks_more_of_a_round_the_more_plain_steps_it_wastes_if_rejected():
 def test_a_round_in_a_batch_is_priced_by_the_step_it_joins():
     """Hand-computed: T(k, b) = 10 + k b ms; alpha = 0.8 at every position; ragged batches run as
     llama.cpp's equal-split ubatches."""
-    from draftwise.backends.llama_runner import LlamaRunner
+    from draftwise.backends.base import equal_split_parts
     from draftwise.planner import Batch
 
     curve = CostCurve({b: [10 + k * b for k in range(1, 10)] for b in (1, 8)})
@@ -628,7 +628,7 @@ def test_a_round_in_a_batch_is_priced_by_the_step_it_joins():
     pl.draft_call_s = 0.0
     req = pl.new_request(100)
     assert pl.plan(req, available=4).d == 4  # alone: 3.36 tokens in 15 ms against 1 in 11
-    split = LlamaRunner.forward_parts
+    split = equal_split_parts  # LlamaRunner.forward_parts with a stream per sequence (no trees)
     # 7 plain sequences: D = 4 adds a 14 ms ubatch to an 18 ms step, (7 + 3.36) / 32 < 8 / 18
     assert pl.plan(req, Batch.of(8, split), available=4).d == 0
     # all 8 alike: E(d) / T(d + 1, 8): 1.8 / 26, 2.44 / 34, 2.95 / 42, 3.36 / 50 against 1 / 18
