@@ -359,7 +359,7 @@ class Planner:
         self.draft_call_s = 1e-4  # cheap drafter: seconds per propose call (EMA)
         self.calib = Calibration()  # acceptance as a function of the draft's own probability
         self.target_calib = Calibration()  # ... and of the target's own top probability at the position
-        self.tree_calib = Calibration(0.05)  # P(a candidate tree's node is on the accepted path | its score)
+        self.tree_calib = Calibration(0.05)  # P(a reached tree node is accepted | its own step, tree_steps)
         self._paid = [0.0, 0.0]  # recent requests' first probes: (discounted) paid off, all
         self.overhead_s = 0.0  # per round, besides forwards and drafting (EMA)
 
@@ -582,7 +582,7 @@ class Planner:
     def commit(self, req: RequestPlan, plan: Plan, proposed: int, accepted: int, emitted: int,
                confidence: list[float] | None = None, stop_confidence: float | None = None,
                round_s: float | None = None, target_top: list[float] | None = None,
-               path: list[int] | None = None) -> None:
+               path: list[int] | None = None, parents: list[int] | None = None) -> None:
         """After a round (or plain step): update the request's and the workload's acceptance, and
         the calibration of the draft's probabilities (over the positions the target reached).
         `stop_confidence`: after an early stop, the draft's own probability of the token it dropped,
@@ -593,12 +593,15 @@ class Planner:
         the draft agrees with the target at that confidence (target_calib); a plain step turns it
         into a shadow of every position (Acceptance.observe_shadow): the request's own evidence
         before its draft model has run at all (the recent requests' acceptance cannot tell a
-        prose request from the code requests before it). `path`: a candidate tree's round, its
-        accepted nodes: every verified node's score calibrates tree_calib (the chain's estimates,
-        per position, do not describe a tree and are left alone)."""
+        prose request from the code requests before it). `path`, `parents`: a candidate tree's
+        round, its accepted nodes and each node's parent; `confidence` is then each node's own step
+        (draftwise.policy.tree_steps): every node the verification reached (its parent accepted)
+        calibrates tree_calib, P(accepted | reached, step); the chain's estimates, per position, do
+        not describe a tree and are left alone."""
         if path is not None:
-            on = set(path)
-            self.tree_calib.observe_nodes(confidence or [], [float(i in on) for i in range(len(confidence or []))])
+            on, steps = set(path), confidence or []
+            reached = [i for i, q in enumerate(parents or []) if q < 0 or q in on]
+            self.tree_calib.observe_nodes([steps[i] for i in reached], [float(i in on) for i in reached])
             req.plans.append(plan.d)
             req.remaining -= emitted
             return

@@ -31,6 +31,14 @@ from draftwise.sampling import SamplingParams, target_top, warp
 from draftwise.verify import VerifyResult
 
 
+def tree_steps(prop: Proposal) -> list[float]:
+    """[d] each node's own step: its score over its parent's (the frequency of its token among its
+    siblings' continuations), the chance a tree's node is right once its parent is."""
+    c = prop.confidence or [1.0] * len(prop.tokens)
+    return [ci / (c[q] if q >= 0 else 1.0) if (c[q] if q >= 0 else 1.0) > 0 else 0.0
+            for ci, q in zip(c, prop.parents)]
+
+
 @dataclass(slots=True)
 class RoundOutcome:
     """One request's round, as the policy learns from it."""
@@ -140,8 +148,12 @@ class PlannedDraftLength:
     def select(self, st, batch: Batch, cand: Proposal) -> Proposal:
         if cand.parents is None or st.policy is None or not cand.tokens:
             return cand.head(self.choose(st, batch, len(cand.tokens), 1))
-        # a candidate tree: how many of its nodes (best first) to verify, from each node's score
-        node_p = np.array([self.planner.tree_calib(c) for c in cand.confidence])  # [d]
+        # a candidate tree: how many of its nodes (best first) to verify, from each node's chance
+        # of being on the accepted path: its parent's times the calibrated chance of its own step
+        local = tree_steps(cand)
+        node_p = np.zeros(len(cand.tokens))  # [d]
+        for i, (q, f) in enumerate(zip(cand.parents, local)):
+            node_p[i] = (1.0 if q < 0 else node_p[q]) * self.planner.tree_calib(f)
         st.policy.plan = plan = self.planner.plan(st.policy.req, batch, available=len(cand.tokens), node_p=node_p)
         batch.record(plan.d, plan.expected)
         return cand.head(plan.d)
@@ -169,8 +181,9 @@ class PlannedDraftLength:
         st.stats.predicted_plain_s += len(res.tokens) / plan.plain_rate
         top = None if self.cheap else target_top(o.logits, len(prop.tokens), res.num_accepted)
         tree = prop.parents is not None and bool(prop.tokens)
-        self.planner.commit(req, plan, len(prop.tokens), res.num_accepted, len(res.tokens), prop.confidence,
-                            prop.stop_confidence, o.round_s, top, path=res.path or [] if tree else None)
+        self.planner.commit(req, plan, len(prop.tokens), res.num_accepted, len(res.tokens),
+                            tree_steps(prop) if tree else prop.confidence, prop.stop_confidence, o.round_s, top,
+                            path=res.path or [] if tree else None, parents=prop.parents if tree else None)
         if o.shadow is not None:  # P(accept) of the unverified token: p(x) at the plain step's position
             if o.params.greedy:
                 p = float(int(o.logits[0].argmax()) == o.shadow)
@@ -183,7 +196,7 @@ class PlannedDraftLength:
                 top = int(o.logits[0].argmax())
                 first = [i for i, q in enumerate(tree.parents) if q == -1]
                 self.planner.tree_calib.observe_nodes(
-                    [tree.confidence[i] for i in first],
+                    [tree_steps(tree)[i] for i in first],
                     [float(tree.tokens[i] == top) if probs is None else float(probs[tree.tokens[i]]) for i in first])
         st.plans.append(PlanStep(plan.d, len(prop.tokens), plan.behind if plan.d and not self.cheap else 0,
                                  round(1e3 * (plan.seconds or 1.0 / plan.plain_rate), 1),

@@ -130,3 +130,18 @@ def test_torch_greedy_tree_decoding_equals_plain(smol):
     spec = Engine(runner, tok, SuffixDrafter(tree=True), 8).generate(ids, max_tokens=48)
     assert divergence_report(runner, ids, plain.token_ids, spec.token_ids) is None
     assert spec.stats.accepted_draft_tokens > 0
+
+
+def test_a_nodes_step_and_what_a_tree_round_teaches():
+    from draftwise.planner import Plan
+    from draftwise.policy import tree_steps
+    p = Proposal([3, 9, 4, 1], confidence=[2 / 3, 2 / 3, 1 / 3, 1 / 6], parents=[-1, 0, -1, 1])
+    assert tree_steps(p) == pytest.approx([2 / 3, 1.0, 1 / 3, 0.25])
+    pl = _planner(2.0)
+    req = pl.new_request(100)
+    before = pl.tree_calib.n.copy()
+    # path [2]: node 0 rejected, so its child 1 (and 1's child 3) were never reached: not observed
+    pl.commit(req, Plan(4, 1.0, 1.0), 4, 1, 2, tree_steps(p), path=[2], parents=p.parents)
+    seen = pl.tree_calib.n - before * pl.tree_calib.DECAY
+    assert seen.sum() == pytest.approx(2.0)  # nodes 0 and 2, the root's children
+    assert pl.tree_calib.acc[pl.tree_calib._bin_of(1 / 3)] == pytest.approx(1.0)
