@@ -359,7 +359,9 @@ class Planner:
         self.draft_call_s = 1e-4  # cheap drafter: seconds per propose call (EMA)
         self.calib = Calibration()  # acceptance as a function of the draft's own probability
         self.target_calib = Calibration()  # ... and of the target's own top probability at the position
-        self.tree_calib = Calibration(0.05)  # P(a reached tree node is accepted | its own step, tree_steps)
+        # P(a reached tree node is accepted | its own step, tree_steps), for the root's children
+        # (does a copy start here?) and for deeper nodes (does it go on?), which differ most
+        self.tree_calib = (Calibration(0.05), Calibration(0.05))
         self._paid = [0.0, 0.0]  # recent requests' first probes: (discounted) paid off, all
         self.overhead_s = 0.0  # per round, besides forwards and drafting (EMA)
 
@@ -600,8 +602,9 @@ class Planner:
         not describe a tree and are left alone."""
         if path is not None:
             on, steps = set(path), confidence or []
-            reached = [i for i, q in enumerate(parents or []) if q < 0 or q in on]
-            self.tree_calib.observe_nodes([steps[i] for i in reached], [float(i in on) for i in reached])
+            for deep, calib in enumerate(self.tree_calib):
+                reached = [i for i, q in enumerate(parents or []) if (q >= 0) == bool(deep) and (q < 0 or q in on)]
+                calib.observe_nodes([steps[i] for i in reached], [float(i in on) for i in reached])
             req.plans.append(plan.d)
             req.remaining -= emitted
             return

@@ -153,7 +153,7 @@ class PlannedDraftLength:
         local = tree_steps(cand)
         node_p = np.zeros(len(cand.tokens))  # [d]
         for i, (q, f) in enumerate(zip(cand.parents, local)):
-            node_p[i] = (1.0 if q < 0 else node_p[q]) * self.planner.tree_calib(f)
+            node_p[i] = (1.0 if q < 0 else node_p[q]) * self.planner.tree_calib[q >= 0](f)
         st.policy.plan = plan = self.planner.plan(st.policy.req, batch, available=len(cand.tokens), node_p=node_p)
         batch.record(plan.d, plan.expected)
         return cand.head(plan.d)
@@ -183,7 +183,8 @@ class PlannedDraftLength:
         tree = prop.parents is not None and bool(prop.tokens)
         self.planner.commit(req, plan, len(prop.tokens), res.num_accepted, len(res.tokens),
                             tree_steps(prop) if tree else prop.confidence, prop.stop_confidence, o.round_s, top,
-                            path=res.path or [] if tree else None, parents=prop.parents if tree else None)
+                            path=(res.path if res.path is not None else list(range(res.num_accepted))) if tree else None,
+                            parents=prop.parents if tree else None)  # a tree drafter's chain: its first nodes
         if o.shadow is not None:  # P(accept) of the unverified token: p(x) at the plain step's position
             if o.params.greedy:
                 p = float(int(o.logits[0].argmax()) == o.shadow)
@@ -195,7 +196,7 @@ class PlannedDraftLength:
                 probs = warp(o.logits[:1], o.params)[0] if not o.params.greedy else None
                 top = int(o.logits[0].argmax())
                 first = [i for i, q in enumerate(tree.parents) if q == -1]
-                self.planner.tree_calib.observe_nodes(
+                self.planner.tree_calib[0].observe_nodes(
                     [tree_steps(tree)[i] for i in first],
                     [float(tree.tokens[i] == top) if probs is None else float(probs[tree.tokens[i]]) for i in first])
         st.plans.append(PlanStep(plan.d, len(prop.tokens), plan.behind if plan.d and not self.cheap else 0,

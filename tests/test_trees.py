@@ -45,8 +45,8 @@ def test_planner_sizes_a_tree_by_its_nodes_chances_and_the_verify_curve():
 def test_tree_calibration_learns_each_nodes_chance_from_verified_trees():
     pl = _planner(2.0)
     for _ in range(200):  # nodes scored 0.95 are on the accepted path a fifth of the time
-        pl.tree_calib.observe_nodes([0.95] * 5, [1.0, 0, 0, 0, 0])
-    assert pl.tree_calib(0.95) == pytest.approx(0.2, abs=0.03)
+        pl.tree_calib[1].observe_nodes([0.95] * 5, [1.0, 0, 0, 0, 0])
+    assert pl.tree_calib[1](0.95) == pytest.approx(0.2, abs=0.03)
 
 
 class TreeCounter(CycleRunner):
@@ -139,9 +139,10 @@ def test_a_nodes_step_and_what_a_tree_round_teaches():
     assert tree_steps(p) == pytest.approx([2 / 3, 1.0, 1 / 3, 0.25])
     pl = _planner(2.0)
     req = pl.new_request(100)
-    before = pl.tree_calib.n.copy()
+    first, deep = pl.tree_calib
     # path [2]: node 0 rejected, so its child 1 (and 1's child 3) were never reached: not observed
     pl.commit(req, Plan(4, 1.0, 1.0), 4, 1, 2, tree_steps(p), path=[2], parents=p.parents)
-    seen = pl.tree_calib.n - before * pl.tree_calib.DECAY
-    assert seen.sum() == pytest.approx(2.0)  # nodes 0 and 2, the root's children
-    assert pl.tree_calib.acc[pl.tree_calib._bin_of(1 / 3)] == pytest.approx(1.0)
+    assert first.n.sum() == pytest.approx(2.0) and deep.n.sum() == 0  # nodes 0 and 2, the root's children
+    assert first.acc[first._bin_of(1 / 3)] == pytest.approx(1.0) and first.acc.sum() == pytest.approx(1.0)
+    pl.commit(req, Plan(4, 1.0, 1.0), 4, 2, 3, tree_steps(p), path=[0, 1], parents=p.parents)
+    assert deep.n.sum() == pytest.approx(2.0) and deep.acc.sum() == pytest.approx(1.0)  # node 1 yes, node 3 no
