@@ -227,14 +227,7 @@ class Calibration:
 
     def observe(self, confidence: list[float], accepted: int, reached: int) -> None:
         """A verified round: tokens 1..reached were verified, the first `accepted` accepted."""
-        self.acc *= self.DECAY
-        self.n *= self.DECAY
-        self._ratio = [self.DECAY * self._ratio[0] + min(accepted, reached),
-                       self.DECAY * self._ratio[1] + sum(confidence[:reached])]
-        for i, c in enumerate(confidence[:reached]):
-            b = self._bin_of(c)
-            self.n[b] += 1
-            self.acc[b] += i < accepted
+        self.observe_nodes(confidence[:reached], [float(i < accepted) for i in range(reached)])
 
     def observe_nodes(self, confidence: list[float], accepted: list[float]) -> None:
         """A verified candidate tree: node i with the draft's own probability confidence[i] was on
