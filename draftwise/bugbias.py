@@ -14,6 +14,11 @@ Output position 1 is always the first draft token of the first round (position 0
 the prompt's logits), so its bias is a mixture over the token x0 at position 0:
 sum_x0 p(x0) (b - p)(. | x0), computed from one target and one draft forward per likely x0.
 Later positions depend on earlier rounds' outcomes and are not predicted.
+
+A candidate tree tries the root's children x_1..x_k in turn (recursive rejection), so position 1
+sees k drafts: with r_j the residual after j rejections and R the chance that all k are rejected,
+the correct rule emits R r_k there where the bug emits R p, a shift of R (p - r_k) (`sibling_shift`;
+one child is `bug_shift`). For one-hot siblings on a set S that is TV = p(S) (1 - p(S)).
 """
 from __future__ import annotations
 
@@ -38,14 +43,32 @@ def bug_tv(p: torch.Tensor, q: torch.Tensor) -> float:
     return 0.5 * float(bug_shift(p.double(), q.double()).abs().sum())
 
 
+def sibling_shift(
+    p: torch.Tensor,  # [V] target probabilities
+    qs: torch.Tensor,  # [k, V] the draft probabilities of the siblings tried there, in order
+) -> torch.Tensor:  # [V]
+    """b - p at a node whose k children are tried in turn; k = 1 is `bug_shift`."""
+    r, reach = p, 1.0
+    for q in qs:
+        reach *= 1.0 - float(torch.minimum(q, r).sum())
+        res = (r - q).clamp_min(0)
+        if res.sum() > 0:
+            r = res / res.sum()
+    return reach * (p - r)
+
+
 def mixture_bug_tv(
     weights: torch.Tensor,  # [K] probabilities of the first token x0 (may sum to < 1)
     p: torch.Tensor,  # [K, V] target probabilities at position 1 given each x0
     q: torch.Tensor,  # [K, V] draft probabilities at position 1 given each x0
 ) -> float:
     """TV of the bug's shift of the token at position 1, marginal over x0 (what is tested)."""
-    shift = (weights.double()[:, None] * bug_shift(p.double(), q.double())).sum(0)  # [V]
-    return 0.5 * float(shift.abs().sum())
+    return shift_tv(weights, bug_shift(p.double(), q.double()))
+
+
+def shift_tv(weights: torch.Tensor, shifts: torch.Tensor) -> float:
+    """TV of the marginal over x0 of per-x0 shifts ([K] weights, [K, V] shifts)."""
+    return 0.5 * float((weights.double()[:, None] * shifts.double()).sum(0).abs().sum())
 
 
 @dataclass(slots=True)
@@ -56,13 +79,15 @@ class BugBias:
 
 
 def predict_bug_bias(target, drafter, eos: frozenset[int], prompt_ids: list[int], params: SamplingParams,
-                     coverage: float = 0.99, max_first: int = 16) -> BugBias:
+                     coverage: float = 0.99, max_first: int = 16, nodes: int = 1) -> BugBias:
     """The bias resample-from-p would cause at output position 1 for this prompt: follows the most
     likely first tokens x0 (until `coverage` of their mass, at most `max_first`); per x0 one target
-    forward of one token over the prompt's KV state and one draft proposal."""
+    forward of one token over the prompt's KV state and one draft proposal of `nodes` tokens (a
+    tree drafter's budget: its root's children are the siblings tried at position 1)."""
     seq, key = target.new_sequence(), -1  # a drafter key no engine hands out
     gen = torch.Generator().manual_seed(0)  # the drafted token is irrelevant: only q is used
     reads = getattr(drafter, "features", None) is not None  # a head drafts from the prompt's features
+    drafter.isolate(key)  # nothing of this look is kept across requests
     try:
         if reads:
             target.features = drafter.features
@@ -74,18 +99,19 @@ def predict_bug_bias(target, drafter, eos: frozenset[int], prompt_ids: list[int]
         p0 = warp(logits[-1:], params)[0]  # [V]
         probs, order = p0.double().sort(descending=True)
         k = min(max_first, int((probs.cumsum(0) < coverage).sum()) + 1)
-        rows_p, rows_q = torch.zeros(k, p0.shape[0]), torch.zeros(k, p0.shape[0])
+        shifts = torch.zeros(k, p0.shape[0], dtype=torch.float64)  # [k, V]
         for i, x0 in enumerate(order[:k].tolist()):
             if x0 in eos:  # the output ends at position 0: nothing is drafted
                 continue
-            rows_p[i] = warp(target.forward([seq], [[x0]], [1])[0], params)[0]
+            p1 = warp(target.forward([seq], [[x0]], [1])[0], params)[0].double()  # [V]
             target.truncate(seq, len(prompt_ids))
-            prop = drafter.propose(key, prompt_ids + [x0], 1, params, gen)
+            prop = drafter.propose(key, prompt_ids + [x0], nodes, params, gen)
             if prop.tokens:
-                rows_q[i] = prop.draft_probs(p0.shape[0])[0]
+                roots = [j for j, par in enumerate(prop.parents or [-1]) if par == -1]
+                shifts[i] = sibling_shift(p1, prop.draft_probs(p0.shape[0])[roots].double())
     finally:
         if reads:
             target.features = None
         target.free(seq)
         drafter.release(key)
-    return BugBias(mixture_bug_tv(probs[:k], rows_p, rows_q), max(0.0, float(1 - probs[:k].sum())), k)
+    return BugBias(shift_tv(probs[:k], shifts), max(0.0, float(1 - probs[:k].sum())), k)

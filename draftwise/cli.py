@@ -209,7 +209,7 @@ def cmd_verify(a) -> int:
 
     if a.drafter == "none":
         raise ValueError("verify compares a drafter with plain decoding: choose --drafter model or ngram")
-    sampler = {"sampler": BUGS[a.inject_bug]} if a.inject_bug else {}
+    sampler = BUGS[a.inject_bug] if a.inject_bug else {}
     # a llama.cpp runner with candidate trees holds one sequence: the engines take turns (release)
     spec, runner, tok = build_engine(_spec(a, max_running=1 if a.drafter == "suffix-tree" else 2),
                                      reuse_prefix=True, **sampler)
@@ -481,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--min-tv", type=float, default=0.1, help="smallest total-variation bias to detect")
     v.add_argument("--alpha", type=float, default=0.05)
     v.add_argument("--power", type=float, default=0.8)
-    v.add_argument("--inject-bug", choices=("resample-from-p",), default=None,
+    v.add_argument("--inject-bug", choices=("resample-from-p", "resample-from-p-trees"), default=None,
                    help="use a known-wrong acceptance rule, to see the check fail")
     v.add_argument("--json", default=None, help="also write the report to this file")
     v.set_defaults(fn=cmd_verify)

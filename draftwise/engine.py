@@ -16,7 +16,7 @@ from draftwise.request import Chunk, GenerationResult, check_draft_len
 from draftwise.sampling import SamplingParams
 from draftwise.scheduler import Request, Scheduler
 from draftwise.tokenizer import Tokenizer
-from draftwise.verify import rejection_sample
+from draftwise.verify import rejection_sample, rejection_sample_tree
 
 __all__ = ["Engine", "Chunk", "GenerationResult"]
 
@@ -31,13 +31,15 @@ class Engine:
     scheduler_class = Scheduler
 
     def __init__(self, target: ModelRunner, tokenizer: Tokenizer, drafter: Drafter | None = None,
-                 num_draft_tokens: int | str = 4, sampler=rejection_sample, reuse_prefix: bool = False,
+                 num_draft_tokens: int | str = 4, sampler=rejection_sample, tree_sampler=rejection_sample_tree,
+                 reuse_prefix: bool = False,
                  planner: Planner | None = None, policy: DraftPolicy | None = None, max_running: int = 16):
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.num_draft_tokens = check_draft_len(num_draft_tokens)
         self.policy = policy or make_policy(self.num_draft_tokens, target, drafter, planner=planner)
         self.scheduler = self.scheduler_class(target, tokenizer, drafter, self.policy, max_running=max_running,
-                                              max_queue=1 << 30, sampler=sampler, reuse_prefix=reuse_prefix)
+                                              max_queue=1 << 30, sampler=sampler, tree_sampler=tree_sampler,
+                                              reuse_prefix=reuse_prefix)
 
     @property
     def max_draft(self) -> int:

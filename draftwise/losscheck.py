@@ -40,7 +40,7 @@ from draftwise.bugbias import BugBias, predict_bug_bias
 from draftwise.compare import first_divergence
 from draftwise.engine import Engine
 from draftwise.sampling import SamplingParams
-from draftwise.verify import VerifyResult, first_rejection
+from draftwise.verify import VerifyResult, first_rejection, rejection_sample_tree
 
 ENDED = -1  # the sample stopped (EOS) before this position
 
@@ -154,7 +154,7 @@ class SamplingReport:
 def _draw(engine: Engine, ids: list[int], m: int, seeds: range, kw: dict, rep=None) -> tuple[list[list[int]], list[list]]:
     outs, rounds = [], []
     for s in seeds:
-        r = engine.generate(ids, max_tokens=m, seed=s, **kw)
+        r = engine.generate(ids, max_tokens=m, seed=s, private=True, **kw)  # every draw drafts from one state
         outs.append(r.token_ids + [ENDED] * (m - len(r.token_ids)))
         rounds.append(r.rounds)
         if rep is not None:
@@ -197,7 +197,8 @@ def check_sampling(plain: Engine, spec: Engine, prompts: list[list[int]], temper
                                               tv, lo, hi, min(chi_p, g_p) < alpha / n_tests))
         if predict_bias:  # after the draws: the engines have released their kept prompt state
             rep.bug_bias.append(predict_bug_bias(spec.target, spec.drafter, spec.tokenizer.eos_token_ids, ids,
-                                                 SamplingParams(temperature, top_p, top_k)))
+                                                 SamplingParams(temperature, top_p, top_k),
+                                                 nodes=spec.max_draft if getattr(spec.drafter, "tree", False) else 1))
         if progress:
             progress(i)
     return rep
@@ -243,4 +244,17 @@ def resample_from_p(target_probs, draft_probs, draft_tokens, generator):
     return VerifyResult(draft_tokens[:n].tolist() + [int(last)], n, draft_tokens.shape[0])
 
 
-BUGS = {"resample-from-p": resample_from_p}
+def resample_from_p_tree(target_probs, draft_probs, draft_tokens, parents, generator):
+    """The same WRONG rule on a candidate tree: where every child of the last node reached was
+    rejected, the emitted token is redrawn from that node's p instead of the residual."""
+    res = rejection_sample_tree(target_probs, draft_probs, draft_tokens, parents, generator)
+    if res.leaf:  # all accepted down to a leaf: a bonus from p, right in both rules
+        return res
+    row = res.path[-1] + 1 if res.path else 0
+    last = int(torch.multinomial(target_probs[row], 1, generator=generator))  # the bug
+    return VerifyResult(res.tokens[:-1] + [last], res.num_accepted, res.num_proposed, res.path, res.leaf)
+
+
+# an injectable wrong acceptance rule: the Engine keywords that put it on chains and trees
+BUGS = {"resample-from-p": {"sampler": resample_from_p, "tree_sampler": resample_from_p_tree},
+        "resample-from-p-trees": {"tree_sampler": resample_from_p_tree}}  # on tree rounds only

@@ -121,8 +121,9 @@ class NullObserver:
 
 
 class Scheduler:
-    """`policy` picks D (default: plain decoding); `sampler` is the acceptance rule at temperature
-    > 0 (swappable only so that `draftwise verify` can show it catches a wrong one). With
+    """`policy` picks D (default: plain decoding); `sampler` and `tree_sampler` are the acceptance
+    rules for chains and candidate trees at temperature > 0 (swappable only so that `draftwise
+    verify` can show it catches a wrong one). With
     `reuse_prefix`, a finished request's prompt KV (target and drafter) is kept for the next
     request with the same prompt. `pad_ragged` (llama.cpp with per-sequence KV streams, which
     splits a batch into ubatches of equally many tokens per sequence): pad each step's feeds to
@@ -133,8 +134,8 @@ class Scheduler:
 
     def __init__(self, target: ModelRunner, tokenizer, drafter: Drafter | None = None,
                  policy: DraftPolicy | None = None, max_running: int = 16, max_queue: int = 64,
-                 observer=None, pad_ragged: bool = False, sampler=rejection_sample, reuse_prefix: bool = False,
-                 reserve_draft: bool = True):
+                 observer=None, pad_ragged: bool = False, sampler=rejection_sample,
+                 tree_sampler=rejection_sample_tree, reuse_prefix: bool = False, reserve_draft: bool = True):
         if max_running < 1 or max_queue < 0:
             raise ValueError(f"need max_running >= 1 and max_queue >= 0, got {max_running}, {max_queue}")
         if getattr(drafter, "tree", False) and not getattr(target, "trees", False):
@@ -145,7 +146,8 @@ class Scheduler:
         runners = [target] + ([drafter.runner] if drafter is not None and drafter.runner is not None else [])
         self.max_running = min([max_running] + [r.n_seq_max for r in runners if r.n_seq_max is not None])
         self.max_queue, self.observer = max_queue, observer or NullObserver()
-        self.pad_ragged, self.sampler, self.reuse_prefix = pad_ragged, sampler, reuse_prefix
+        self.pad_ragged, self.reuse_prefix = pad_ragged, reuse_prefix
+        self.sampler, self.tree_sampler = sampler, tree_sampler
         # how a step's forward runs, per-sequence token counts -> (k, b) forwards: what prices it
         self._split = padded_parts if pad_ragged else partial(forward_parts, target)
         self.reserve_draft = reserve_draft
@@ -560,7 +562,7 @@ class Scheduler:
             if params.greedy:
                 return greedy_verify_tree(logits, prop.tokens, prop.parents)
             p = warp(logits, params)  # [d+1, V]
-            return rejection_sample_tree(p, prop.draft_probs(p.shape[1]), prop.tokens, prop.parents, gen)
+            return self.tree_sampler(p, prop.draft_probs(p.shape[1]), prop.tokens, prop.parents, gen)
         draft = torch.tensor(prop.tokens, dtype=torch.long)  # [d]
         if params.greedy:
             return greedy_verify(logits, draft)

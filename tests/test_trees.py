@@ -27,6 +27,19 @@ def test_best_first_tree_with_scores_and_parents():
     assert SuffixDrafter(tree=True).name == "suffix-tree"
 
 
+def test_a_tree_cut_by_the_trie_depth_re_anchors_its_deepest_path():
+    d = SuffixDrafter(depth=6, max_match=3, min_score=0.05, tree=True)
+    for key, out in ((1, list(range(100, 120))), (2, [100, 101, 102, 50, 51])):  # two earlier outputs
+        d.propose(key, [1], 0, G, None)
+        d.propose(key, [1] + out, 0, G, None)
+        d.release(key)
+    p = d.propose(3, [7, 100, 101, 102], 10, G, None)
+    # below [100 101 102]: 103 104 105 (cut by the depth) and 50 51; then 106.. re-anchored under 105
+    assert p.tokens == [103, 50, 104, 51, 105, 106, 107, 108, 109, 110]
+    assert p.parents == [-1, -1, 0, 1, 2, 4, 5, 6, 7, 8]
+    assert p.confidence == pytest.approx([0.5] * 10)
+
+
 def _planner(per_token_ms: float) -> Planner:
     c = CostCurve({1: [10.0 + per_token_ms * (k - 1) for k in range(1, K + 1)]})
     return Planner(c, None, prior=0.5, max_draft=16, margin=0.0)

@@ -6,6 +6,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from draftwise.bugbias import sibling_shift
+from draftwise.losscheck import resample_from_p_tree
 from draftwise.verify import check_tree, greedy_verify_tree, rejection_sample_tree
 
 # root -> 3 (node 0) -> 1 (node 2)
@@ -99,22 +101,22 @@ def test_tree_keeps_the_target_distribution(seed):
 
 
 def test_a_wrong_rule_is_caught():
-    """The same test fails for a rule that resamples from p at a rejection (what the residual fixes)."""
+    """The same test fails for the rule `draftwise verify --inject-bug` puts on trees: resample from
+    p, not the residual, once every child is rejected (emits 0.6, 0.36, 0.04 here, not p)."""
     p = torch.tensor([[0.5, 0.3, 0.2]] * 3)
     tokens, parents = [0, 1], [-1, -1]
+    q = torch.zeros(2, 3)
+    q[0, 0] = q[1, 1] = 1.0
     g = torch.Generator().manual_seed(0)
-    n, counts = 20000, np.zeros(3)
-    for _ in range(n):
-        x = None
-        for c in (0, 1):
-            if float(torch.rand(1, generator=g)) < float(p[0, tokens[c]]):
-                x = tokens[c]
-                break
-        if x is None:
-            x = int(torch.multinomial(p[0], 1, generator=g))  # wrong: p, not the residual
-        counts[x] += 1
+    n = 20000
+    counts = np.bincount([resample_from_p_tree(p, q, tokens, parents, g).tokens[0] for _ in range(n)], minlength=3)
     _, pval = chisquare(counts, p[0].numpy() * n)
     assert pval < 1e-6
+    bugged = p[0].double() + sibling_shift(p[0].double(), q.double())  # what verify predicts the bug does
+    assert torch.allclose(bugged, torch.tensor([0.6, 0.36, 0.04], dtype=torch.float64))
+    assert 0.5 * float((bugged - p[0]).abs().sum()) == pytest.approx(0.8 * 0.2)  # p(S) (1 - p(S))
+    _, pval = chisquare(counts, bugged.numpy() / bugged.sum().item() * n)
+    assert pval > 1e-3
     q = torch.zeros(2, 3)
     q[0, 0] = q[1, 1] = 1.0
     right = _emit_law(p, q, tokens, parents, n, 0)

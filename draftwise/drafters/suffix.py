@@ -14,7 +14,8 @@ as the planner wants.
 
 With `tree=True` (drafter name `suffix-tree`) the draft is a candidate tree instead: the
 highest-scoring continuations below the matched node, best first (`grow`), so where the most
-frequent path is uncertain its runners-up are verified in the same forward.
+frequent path is uncertain its runners-up are verified in the same forward. Where the tries' depth
+cuts the tree's deepest path and budget is left, that path re-anchors and goes on as a chain.
 
 Example: the request so far is [5 6 7 9 5 6 7 9 5 6]; the suffix [5 6] occurred twice before,
 followed by 7 both times, then 9 both times: proposing 3 tokens gives [7 9 5], scores [1, 1, 1].
@@ -127,6 +128,15 @@ def grow(node: _Node, n: int, min_score: float) -> tuple[list[int], list[float],
     return tokens, scores, parents
 
 
+def best_first(tokens: list[int], scores: list[float], parents: list[int]):
+    """The same tree reordered by score, highest first (stable: a parent, never below its
+    children, stays before them), parents renumbered."""
+    order = sorted(range(len(tokens)), key=lambda i: -scores[i])
+    new = {old: j for j, old in enumerate(order)}
+    return ([tokens[i] for i in order], [scores[i] for i in order],
+            [new[parents[i]] if parents[i] >= 0 else -1 for i in order])
+
+
 @dataclass(slots=True)
 class _Request:
     trie: SuffixTrie
@@ -168,22 +178,41 @@ class SuffixDrafter:
         if num_tokens <= 0:
             return Proposal([])
         tries = [r.trie] + ([self.global_trie] if self.share and seq_key not in self.private else [])
-        if self.tree:
-            node = self._match(tries, context[-self.max_match:], 1, 1.0)[3]
-            if node is None:
-                return Proposal([])
-            tokens, scores, parents = grow(node, num_tokens, self.min_score)
-            return Proposal(tokens, confidence=scores or None, parents=parents)
+        if not self.tree:
+            tokens, scores = self._chain(tries, context, num_tokens, 1.0)
+            return Proposal(tokens, confidence=scores or None)
+        m, _, _, node = self._match(tries, context[-self.max_match:], 1, 1.0)
+        if node is None:
+            return Proposal([])
+        tokens, scores, parents = grow(node, num_tokens, self.min_score)
+        depth: list[int] = []
+        for par in parents:
+            depth.append(depth[par] + 1 if par >= 0 else 1)
+        if len(tokens) < num_tokens and m + max(depth) >= self.depth:  # the deepest path was cut by the depth
+            leaf, path = depth.index(max(depth)), []
+            i = leaf
+            while i >= 0:
+                path.append(tokens[i])
+                i = parents[i]
+            more, sc = self._chain(tries, context + path[::-1], num_tokens - len(tokens), scores[leaf])
+            if more:  # a chain below the leaf: its first token's parent is the leaf, then each the previous
+                parents += [leaf] + list(range(len(tokens), len(tokens) + len(more) - 1))
+                tokens, scores, parents = best_first(tokens + more, scores + sc, parents)
+        return Proposal(tokens, confidence=scores or None, parents=parents)
+
+    def _chain(self, tries: list[SuffixTrie], context: list[int], n: int, score: float):
+        """(tokens, scores): up to n tokens walked below the context's best match, re-anchoring on
+        context + draft wherever the tries' depth cuts a walk; scores carry on from `score`."""
         tokens: list[int] = []
         scores: list[float] = []
-        while len(tokens) < num_tokens:  # a walk ends at the trie's depth: re-anchor and go on
-            m, toks, sc, _ = self._match(tries, context[-self.max_match:] + tokens, num_tokens - len(tokens),
-                                         scores[-1] if scores else 1.0)
+        while len(tokens) < n:
+            m, toks, sc, _ = self._match(tries, context[-self.max_match:] + tokens, n - len(tokens),
+                                         scores[-1] if scores else score)
             tokens += toks
             scores += sc
             if not toks or m + len(toks) < self.depth:  # not cut by the depth: the draft ends here
                 break
-        return Proposal(tokens, confidence=scores or None)
+        return tokens, scores
 
     def _match(self, tries: list[SuffixTrie], tail: list[int], n: int, score: float):
         """(m, tokens, scores, node): the walk below the longest suffix of `tail` (m tokens, at
