@@ -40,6 +40,17 @@ def test_a_tree_cut_by_the_trie_depth_re_anchors_its_deepest_path():
     assert p.confidence == pytest.approx([0.5] * 10)
 
 
+def test_a_tree_grows_in_the_trie_whose_walk_goes_furthest():
+    """The request's own trie and the global one match equally long; the global one has seen the
+    longer continuation (as on a repeated request), so the tree grows there, as a chain would."""
+    d = SuffixDrafter(depth=8, max_match=3, tree=True)
+    d.propose(1, [1], 0, G, None)
+    d.propose(1, [1, 5, 6, 7, 8, 9, 10, 11, 12], 0, G, None)
+    d.release(1)
+    p = d.propose(2, [5, 6, 7, 50, 5, 6, 7], 5, G, None)  # own trie: 50 5 6 7; global: 8 9 10 11 12
+    assert p.tokens == [8, 9, 10, 11, 12]
+
+
 def _planner(per_token_ms: float) -> Planner:
     c = CostCurve({1: [10.0 + per_token_ms * (k - 1) for k in range(1, K + 1)]})
     return Planner(c, None, prior=0.5, max_draft=16, margin=0.0)

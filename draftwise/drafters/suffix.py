@@ -181,7 +181,7 @@ class SuffixDrafter:
         if not self.tree:
             tokens, scores = self._chain(tries, context, num_tokens, 1.0)
             return Proposal(tokens, confidence=scores or None)
-        m, _, _, node = self._match(tries, context[-self.max_match:], 1, 1.0)
+        m, _, _, node = self._match(tries, context[-self.max_match:], num_tokens, 1.0)  # the trie of the best walk
         if node is None:
             return Proposal([])
         tokens, scores, parents = grow(node, num_tokens, self.min_score)
