@@ -57,17 +57,11 @@ def sibling_shift(
     return reach * (p - r)
 
 
-def mixture_bug_tv(
+def shift_tv(
     weights: torch.Tensor,  # [K] probabilities of the first token x0 (may sum to < 1)
-    p: torch.Tensor,  # [K, V] target probabilities at position 1 given each x0
-    q: torch.Tensor,  # [K, V] draft probabilities at position 1 given each x0
+    shifts: torch.Tensor,  # [K, V] the bug's shift at position 1 given each x0
 ) -> float:
     """TV of the bug's shift of the token at position 1, marginal over x0 (what is tested)."""
-    return shift_tv(weights, bug_shift(p.double(), q.double()))
-
-
-def shift_tv(weights: torch.Tensor, shifts: torch.Tensor) -> float:
-    """TV of the marginal over x0 of per-x0 shifts ([K] weights, [K, V] shifts)."""
     return 0.5 * float((weights.double()[:, None] * shifts.double()).sum(0).abs().sum())
 
 

@@ -35,8 +35,8 @@ def tree_steps(prop: Proposal) -> list[float]:
     """[d] each node's own step: its score over its parent's (the frequency of its token among its
     siblings' continuations), the chance a tree's node is right once its parent is."""
     c = prop.confidence or [1.0] * len(prop.tokens)
-    return [ci / (c[q] if q >= 0 else 1.0) if (c[q] if q >= 0 else 1.0) > 0 else 0.0
-            for ci, q in zip(c, prop.parents)]
+    above = [c[q] if q >= 0 else 1.0 for q in prop.parents]
+    return [ci / a if a > 0 else 0.0 for ci, a in zip(c, above)]
 
 
 @dataclass(slots=True)
@@ -196,8 +196,9 @@ class PlannedDraftLength:
                 probs = warp(o.logits[:1], o.params)[0] if not o.params.greedy else None
                 top = int(o.logits[0].argmax())
                 first = [i for i, q in enumerate(tree.parents) if q == -1]
+                steps = tree_steps(tree)
                 self.planner.tree_calib[0].observe_nodes(
-                    [tree_steps(tree)[i] for i in first],
+                    [steps[i] for i in first],
                     [float(tree.tokens[i] == top) if probs is None else float(probs[tree.tokens[i]]) for i in first])
         st.plans.append(PlanStep(plan.d, len(prop.tokens), plan.behind if plan.d and not self.cheap else 0,
                                  round(1e3 * (plan.seconds or 1.0 / plan.plain_rate), 1),

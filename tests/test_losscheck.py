@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from draftwise.bugbias import bug_shift, bug_tv, mixture_bug_tv, predict_bug_bias
+from draftwise.bugbias import bug_shift, bug_tv, predict_bug_bias, shift_tv
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
@@ -128,13 +128,13 @@ def test_bug_shift_is_what_the_injected_bug_does():
     assert torch.allclose(counts / n, p[0], atol=0.015)  # the real rule: p itself
 
 
-def test_mixture_bug_tv_is_the_marginal_shift():
+def test_shift_tv_is_the_marginal_shift():
     p = torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])
     one_hot = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])  # third first token: nothing drafted
-    assert mixture_bug_tv(torch.tensor([1.0, 0.0, 0.0]), p, one_hot) == pytest.approx(0.25)
-    assert mixture_bug_tv(torch.tensor([0.4, 0.0, 0.6]), p, one_hot) == pytest.approx(0.4 * 0.25)
+    assert shift_tv(torch.tensor([1.0, 0.0, 0.0]), bug_shift(p, one_hot)) == pytest.approx(0.25)
+    assert shift_tv(torch.tensor([0.4, 0.0, 0.6]), bug_shift(p, one_hot)) == pytest.approx(0.4 * 0.25)
     # opposite shifts after two equally likely first tokens cancel in the marginal at position 1
-    assert mixture_bug_tv(torch.tensor([0.5, 0.5, 0.0]), p, one_hot) == pytest.approx(0.0, abs=1e-12)
+    assert shift_tv(torch.tensor([0.5, 0.5, 0.0]), bug_shift(p, one_hot)) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_predict_bug_bias_on_the_toy_model():

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from draftwise.backends.base import tree_layout
 from draftwise.drafters.base import Proposal, StopRule
 from draftwise.sampling import SamplingParams
 
@@ -185,16 +186,11 @@ class SuffixDrafter:
         if node is None:
             return Proposal([])
         tokens, scores, parents = grow(node, num_tokens, self.min_score)
-        depth: list[int] = []
-        for par in parents:
-            depth.append(depth[par] + 1 if par >= 0 else 1)
-        if len(tokens) < num_tokens and m + max(depth) >= self.depth:  # the deepest path was cut by the depth
-            leaf, path = depth.index(max(depth)), []
-            i = leaf
-            while i >= 0:
-                path.append(tokens[i])
-                i = parents[i]
-            more, sc = self._chain(tries, context + path[::-1], num_tokens - len(tokens), scores[leaf])
+        depth, sees = tree_layout(parents)  # 0-based depth; each node's path from the root
+        if len(tokens) < num_tokens and m + max(depth) + 1 >= self.depth:  # the deepest path was cut by the depth
+            leaf = depth.index(max(depth))
+            more, sc = self._chain(tries, context + [tokens[i] for i in sees[leaf]], num_tokens - len(tokens),
+                                   scores[leaf])
             if more:  # a chain below the leaf: its first token's parent is the leaf, then each the previous
                 parents += [leaf] + list(range(len(tokens), len(tokens) + len(more) - 1))
                 tokens, scores, parents = best_first(tokens + more, scores + sc, parents)
