@@ -31,6 +31,7 @@ from draftwise.profile import ProfileResult
 
 EMA = 0.1  # weight of one new timing observation in the online estimates
 DRIFT = 0.005  # per observation elsewhere on the curve, how far an unobserved point returns to the whole
+MEASURE = 2  # plain steps measured at a batch size before any request drafts at it (Planner.plan)
 
 
 class CostCurve:
@@ -51,6 +52,10 @@ class CostCurve:
         self.ragged = 1.0  # the same for steps run as several forwards, over their scaled prediction
         self._k_scale: dict[tuple[int, int], float] = {}  # the same per (k, b) observed: the shape too
         self._raw: dict[tuple[int, int], float] = {}
+        # the plain step (one token per sequence) of each batch size, measured in this engine:
+        # b -> [seconds, times measured]; and how many steps of any shape ran at each b
+        self._plain: dict[int, list[float]] = {}
+        self._steps: dict[int, int] = {}
 
     @classmethod
     def from_profile(cls, prof: ProfileResult) -> CostCurve:
@@ -102,15 +107,47 @@ class CostCurve:
     def __call__(self, k: int, b: int = 1) -> float:
         return self.raw(k, b) * self._k_scale.get((k, b), self.scale)
 
-    def parts(self, parts: list[tuple[int, int]]) -> float:
-        """Seconds of a batched forward that the runner runs as these (k, b) forwards
-        (draftwise.backends.base.forward_parts): a ragged batch is priced by what it executes,
-        times what such steps were measured to cost over that (`ragged`)."""
+    def parts(self, parts: list[tuple[int, int]], n_seqs: int | None = None) -> float:
+        """Seconds of a batched forward of `n_seqs` sequences that the runner runs as these (k, b)
+        forwards (draftwise.backends.base.forward_parts): a ragged batch is priced by what it
+        executes, times what such steps were measured to cost over that (`ragged`); a plain step
+        (one token per sequence) by its own measurement once it has one (`plain`)."""
+        if n_seqs is not None and sum(k * b for k, b in parts) == n_seqs:
+            return self.plain(n_seqs, parts)
         t = sum(self(k, b) for k, b in parts)
         return t * self.ragged if len(parts) > 1 else t
 
+    def plain(self, n: int, parts: list[tuple[int, int]] | None = None) -> float:
+        """Seconds of a plain step of n sequences (run as `parts`; default one forward): as measured
+        in this engine once it was, else from the curve."""
+        got = self._plain.get(n)
+        if got is not None:
+            return got[0]
+        parts = parts or [(1, n)]
+        return self.parts(parts)
+
+    def plain_known(self, n: int) -> bool:
+        """Was the plain step of n sequences measured MEASURE times? The planner runs plain steps
+        at a batch size until it was (the profile's point for a batch of sequences can be 20% off
+        in a running engine: docs/planner.md, "Batches"), or until 2 x MEASURE steps ran at it
+        without one (requests that fix their own D drafting), then prices it from the curve. One
+        sequence is not waited for: there the profile predicts the engine's rounds closely."""
+        return n == 1 or self._plain.get(n, (0, 0))[1] >= MEASURE or self._steps.get(n, 0) >= 2 * MEASURE
+
     def observe(self, k: int, b: int, seconds: float) -> None:
         self.observe_parts([(k, b)], seconds)
+
+    def observe_step(self, parts: list[tuple[int, int]], n: int, seconds: float) -> None:
+        """One measured step of n sequences, run as the forwards `parts`. A plain step's seconds
+        are kept for its batch size: the fastest of its first MEASURE (a stall only adds time),
+        then an EMA."""
+        self._steps[n] = self._steps.get(n, 0) + 1
+        if sum(k * b for k, b in parts) == n:
+            got = self._plain.setdefault(n, [seconds, 0])
+            s = got[0]
+            got[0] = min(s, seconds) if got[1] < MEASURE else s + EMA * (min(max(seconds, s / 2), 2 * s) - s)
+            got[1] += 1
+        self.observe_parts(parts, seconds)
 
     def observe_parts(self, parts: list[tuple[int, int]], seconds: float) -> None:
         """One measured forward. Run as one forward of k tokens for b sequences, it moves the whole
@@ -402,9 +439,11 @@ class Planner:
         if n_seqs > 1 and self.draft is None:
             t0, t, others = self._step_costs(d_max, batch)  # t: [d_max] seconds of the step
         else:
-            t0, t = self.verify(1, n_seqs) + self.overhead_s, self._round_costs(d_max, n_seqs)
+            t0, t = self.verify.plain(n_seqs) + self.overhead_s, self._round_costs(d_max, n_seqs)
         r_plain = 1.0 / t0
         plain = Plan(0, r_plain, r_plain, step_rate=(others + 1.0) * r_plain)
+        if self.online and not self.verify.plain_known(n_seqs):
+            return plain  # measure the plain step at this batch size first (CostCurve.plain_known)
         catch_up = self._catch_up_s(behind)  # 0 unless a draft model fell behind
         if self.draft is not None and behind > 1 and not any(req.plans) and len(req.plans) < self._look(catch_up, r_plain):
             return plain  # look first: see commit's target_top
@@ -460,9 +499,9 @@ class Planner:
 
         def step(k: int) -> float:
             if batch.alike:  # every sequence feeds k, and each gains what this one does: others = 0
-                return self.verify.parts(batch.split([k] * len(ks))) + self.overhead_s
+                return self.verify.parts(batch.split([k] * len(ks)), len(ks)) + self.overhead_s
             ks[batch.me] = k
-            return self.verify.parts(batch.split(ks)) + self.overhead_s
+            return self.verify.parts(batch.split(ks), len(ks)) + self.overhead_s
         t = np.array([self.draft_cost(d) + step(d + 1) for d in range(1, max(d_max, 0) + 1)])
         return step(1), t, 0.0 if batch.alike else float(sum(batch.emits) - batch.emits[batch.me])
 
@@ -617,7 +656,7 @@ class Planner:
         elif plan.d > 0:
             req.probe_gap = 2
         if req.probed and plan.d > 0 and round_s is not None:
-            req.saved_s += emitted * (self.verify(1) + self.overhead_s) - round_s
+            req.saved_s += emitted * (self.verify.plain(1) + self.overhead_s) - round_s
         after = None if stop_confidence is None else self.calib(stop_confidence)
         observed = req.estimates() + [self.workload]
         if proposed > 0:
@@ -649,7 +688,7 @@ class Planner:
         if not self.online:
             return
         if curve:
-            self.verify.observe_parts(parts or [(k, n_seqs)], forward_s)
+            self.verify.observe_step(parts or [(k, n_seqs)], n_seqs, forward_s)
         if n_seqs > 1:  # the draft curves are per sequence; a batched step's drafting is not
             pass
         elif self.draft is None:
@@ -662,7 +701,7 @@ class Planner:
     def predicted_speedup(self, alpha: np.ndarray, n_seqs: int = 1) -> dict[int, float]:
         """Speedup over plain decoding of every fixed D for a given acceptance (a [max_draft]
         array of alpha_i), from the cost model alone: what `draftwise plan` prints."""
-        t_plain = self.verify(1, n_seqs) + self.overhead_s
+        t_plain = self.verify.plain(n_seqs) + self.overhead_s
         out = {0: 1.0}
         for d in range(1, self.max_draft + 1):
             t = self.draft_cost(d) + self.verify(d + 1, n_seqs) + self.overhead_s

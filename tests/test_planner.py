@@ -655,3 +655,34 @@ def test_ragged_steps_learn_their_own_correction():
     assert curve.ragged == pytest.approx(2.0, rel=0.01)
     assert curve.parts([(1, 8), (1, 1)]) == pytest.approx(2 * (plain + curve(1, 1)), rel=0.01)
     assert curve.parts([(1, 8)]) == plain
+
+
+def test_plain_step_of_a_batch_size_is_measured_before_drafting_at_it():
+    """The profile's plain point at b = 16 was 22% above the running engine's (docs/data/
+    ragged_steps_qwen.txt): no step that drafts measures it, so the planner measures it first."""
+    from draftwise.backends.base import equal_split_parts
+    from draftwise.planner import MEASURE, Batch
+
+    curve = CostCurve({1: [2 + k for k in range(1, 10)], 16: [40 + 16 * k for k in range(1, 10)]})
+    pl = Planner(curve, None, prior=0.8, max_draft=4, probe_max=0, margin=0.03, risk=0.0)
+    pl.draft_call_s = 0.0
+    req = pl.new_request(1000)
+    # the profile: a plain step of 16 costs 56 ms; one request drafting 4 adds a (4 x 1) ubatch,
+    # 6 ms: (15 + 3.36) / 62 > 16 / 56 x 1.03, so it would draft
+    assert Planner(curve, None, prior=0.8, max_draft=4, probe_max=0, online=False).plan(
+        req, Batch.of(16, equal_split_parts), available=4).d > 0
+    for i in range(MEASURE):  # online: plain until the plain step of 16 was measured twice
+        assert pl.plan(req, Batch.of(16, equal_split_parts), available=4).d == 0
+        pl.observe_times(1, 16, [0.040, 0.030][i], d=0, behind=1, draft_s=0.0, overhead_s=0.0,
+                         parts=[(1, 16)])
+    # measured at 30 ms (the fastest of the two: a stall only adds), a plain step beats the draft:
+    # 16 / 30 against (15 + 3.36) / ~58
+    assert curve.plain(16) == pytest.approx(0.030)
+    assert curve.parts([(1, 16)], 16) == pytest.approx(0.030) and curve.parts([(1, 16), (1, 1)], 16) > 0.050
+    assert pl.plan(req, Batch.of(16, equal_split_parts), available=4).d == 0
+    assert pl.plan(req, available=4).d > 0  # one sequence is not waited for: 2.95 tokens in 6 ms against 1 in 3
+    # a batch size whose steps never run plain (requests fixing their own D) is not waited on
+    # forever: after 2 x MEASURE steps of other shapes the curve prices its plain step
+    for _ in range(2 * MEASURE):
+        pl.observe_times(3, 8, 0.5, d=2, behind=1, draft_s=0.0, overhead_s=0.0, parts=[(3, 8)])
+    assert curve.plain_known(8) and not curve.plain_known(4) and curve.plain_known(1)
