@@ -187,7 +187,7 @@ def check_sampling(plain: Engine, spec: Engine, prompts: list[list[int]], temper
                 plain_samples[i] = base
         # room for a full draft at every tested position, so drafting is as in normal use
         draws, rounds = _draw(spec, ids, positions + 1 + spec.max_draft, range(n), kw, rep)
-        rejected_at = Counter(r.position + r.accepted for rs in rounds for r in rs if r.accepted < r.proposed)
+        rejected_at = Counter(r.position + r.accepted for rs in rounds for r in rs if r.rejected)
         for j in range(1, positions + 1):  # position 0 comes from the prompt's logits: never drafted
             a, b = [o[j] for o in draws], [o[j] for o in base[:n]]
             chi_p, g_p, _, cats = homogeneity_test(a, b)

@@ -12,10 +12,12 @@ from draftwise.stats import SpecStats
 
 class Round(NamedTuple):
     """One verification round: the output position of its first draft token, tokens proposed,
-    draft tokens accepted."""
+    draft tokens accepted, and whether it ended at a rejection (its last token a recovered one)
+    rather than with a bonus token (a chain accepted whole, a tree's path to a leaf)."""
     position: int
     proposed: int
     accepted: int
+    rejected: bool
 
 
 class PlanStep(NamedTuple):

@@ -424,7 +424,7 @@ class Scheduler:
         if prop.tokens:
             st.stats.record_round(len(prop.tokens), res.num_accepted,
                                   max(tree_layout(prop.parents)[0]) + 1 if res.path is not None else None)
-            st.rounds.append(Round(len(st.out.token_ids), len(prop.tokens), res.num_accepted))
+            st.rounds.append(Round(len(st.out.token_ids), len(prop.tokens), res.num_accepted, not res.bonus))
             self.observer.round(len(prop.tokens), res.num_accepted)
         else:
             st.stats.plain_steps += 1

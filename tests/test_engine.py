@@ -117,8 +117,8 @@ def test_reuse_prefix_skips_the_prompt_forward_and_keeps_results():
 
 def test_round_trace_positions():
     _, _, r = run(NgramDrafter(1, 3), 4, max_tokens=12)
-    assert r.rounds[0] == (1, 4, 4)  # after the prefill token, 4 proposed, 4 accepted
-    assert sum(a + 1 for _, _, a in r.rounds) + r.stats.plain_steps >= r.stats.emitted_tokens
+    assert r.rounds[0] == (1, 4, 4, False)  # after the prefill token, 4 proposed, 4 accepted, a bonus
+    assert sum(a + 1 for _, _, a, _ in r.rounds) + r.stats.plain_steps >= r.stats.emitted_tokens
 
 
 def test_release_frees_the_kept_prompt():

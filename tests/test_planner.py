@@ -176,7 +176,7 @@ def test_auto_greedy_equals_plain_and_speculates_when_it_pays():
     r = eng.generate(PROMPT, max_tokens=40)
     assert r.token_ids == plain.token_ids
     assert r.stats.verification_rounds > 0 and r.stats.acceptance_rate == 1.0
-    assert max(p for _, p, _ in r.rounds) > 4  # it learnt that long drafts pay here
+    assert max(p for _, p, *_ in r.rounds) > 4  # it learnt that long drafts pay here
 
 
 def test_auto_does_not_feed_draft_model_while_plain():
@@ -245,7 +245,7 @@ def test_early_stopped_round_charges_the_dropped_tokens_forward():
     draft_runner = CycleRunner()
     pl = StopAfterTwo(curve(1.0), curve(0.1, first_ms=0.1), prior=0.95, max_draft=8, online=False)
     r = Engine(CycleRunner(), CharTokenizer(), ModelDrafter(draft_runner), "auto", planner=pl).generate(PROMPT, max_tokens=30)
-    proposed = [p for _, p, _ in r.rounds]
+    proposed = [p for _, p, *_ in r.rounds]
     assert r.stats.verification_rounds > 5 and set(proposed[:-1]) == {2}  # the last is cut by max_tokens
     # an early-stopped round ran 3 draft forwards (catch-up, then tokens 1 and 2 fed, the last one
     # giving the dropped token 3) and is charged 3; the last round (1 token, no stop) is charged 1
@@ -270,7 +270,7 @@ def test_predicted_times_count_the_tokens_emitted_not_the_plans_expectation():
     r = Engine(CycleRunner(), CharTokenizer(), ModelDrafter(CycleRunner()), "auto", planner=pl).generate(PROMPT, max_tokens=30)
     s = r.stats
     assert s.verification_rounds > 5 and max(p.d for p, _ in done) > 1
-    assert {p for _, p, _ in r.rounds} == {1}  # every draft was cut to one token
+    assert {p for _, p, *_ in r.rounds} == {1}  # every draft was cut to one token
     t_plain = 1.0 / done[0][0].plain_rate  # frozen curves: every plan's plain rate is the same
     # predicted plain time: the tokens emitted after the prefill's, each at a plain step's price
     # (the plans' own E[N](d) would count tokens the early stops never drafted)
@@ -531,7 +531,7 @@ def test_auto_logs_each_steps_plan_and_predicted_time():
     r = Engine(CycleRunner(), CharTokenizer(), ModelDrafter(draft_runner), "auto", planner=pl).generate(PROMPT, max_tokens=30)
     s = r.stats
     assert len(r.plans) == s.verification_rounds + s.plain_steps - 1  # every step after the prefill's token
-    assert [p for _, p, _ in r.rounds] == [p for _, p, *_ in r.plans if p > 0]
+    assert [p for _, p, *_ in r.rounds] == [p for _, p, *_ in r.plans if p > 0]
     t_plain = 1e3 * (pl.verify(1) + pl.overhead_s)
     for d, proposed, behind, pred_ms, meas_ms, draft_ms, _ in r.plans:
         assert proposed <= d and meas_ms > 0 and draft_ms == pytest.approx(1e3 * pl.draft(1), abs=0.05)

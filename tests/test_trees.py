@@ -170,3 +170,30 @@ def test_a_nodes_step_and_what_a_tree_round_teaches():
     assert first.acc[first._bin_of(1 / 3)] == pytest.approx(1.0) and first.acc.sum() == pytest.approx(1.0)
     pl.commit(req, Plan(4, 1.0, 1.0), 4, 2, 3, tree_steps(p), path=[0, 1], parents=p.parents)
     assert deep.n.sum() == pytest.approx(2.0) and deep.acc.sum() == pytest.approx(1.0)  # node 1 yes, node 3 no
+
+
+class SiblingsDrafter:
+    """Proposes the next token and a wrong sibling of it, both children of the context's end."""
+    name, cheap, runner, max_context = "siblings", True, None, None
+
+    def propose(self, seq_key, context, num_tokens, params, generator, stop=None):
+        nxt = (context[-1] + 1) % 7
+        return Proposal([nxt, (nxt + 3) % 7][:num_tokens], confidence=[0.6, 0.4][:num_tokens],
+                        parents=[-1, -1][:num_tokens])
+
+    def pending(self, seq_key, context): return 0
+    def isolate(self, seq_key): ...
+    def release(self, seq_key): ...
+    def memory_nodes(self): return 0
+
+
+def test_a_path_ending_at_a_leaf_is_a_bonus_not_a_rejection():
+    """Both nodes are the root's children: the right one is accepted and is a leaf, so the round
+    emits it and a bonus; 1 of 2 nodes accepted, yet nothing was rejected (draftwise verify counts
+    rejections per position from this)."""
+    runner = TreeCounter(period=7)
+    spec = Engine(runner, CharTokenizer(), SiblingsDrafter(), 2).generate(PROMPT, max_tokens=9)
+    assert spec.token_ids == Engine(runner, CharTokenizer()).generate(PROMPT, max_tokens=9).token_ids
+    assert all(r.accepted == 1 and not r.rejected for r in spec.rounds)  # the last round has room for 1 node
+    assert [r.proposed for r in spec.rounds] == [2, 2, 2, 1]
+    assert spec.stats.emitted_tokens == 1 + 2 * len(spec.rounds)

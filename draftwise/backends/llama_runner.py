@@ -423,8 +423,12 @@ class _Tree:
     def __init__(self, parents: list[int]):
         self.parents = parents
         self.depth, sees = tree_layout(parents)
-        leaves = [j for j in range(len(parents)) if j not in set(parents)]
-        self.below = [[x for x in leaves if j in sees[x]] for j in range(len(parents))]  # [n] leaves under j
+        inner = set(parents)
+        leaves = [j for j in range(len(parents)) if j not in inner]
+        self.below: list[list[int]] = [[] for _ in parents]  # [n] the leaves under each node
+        for x in leaves:
+            for j in sees[x]:
+                self.below[j].append(x)
         self.leaf_ids: dict[int, int] = {}
 
     @classmethod
