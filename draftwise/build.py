@@ -2,6 +2,7 @@
 check and the draft-length policy; then an Engine (one request at a time) or a Scheduler (many)."""
 from __future__ import annotations
 
+import gc
 import sys
 from dataclasses import dataclass
 
@@ -161,6 +162,18 @@ def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_run
                                           **_backend_kw(spec.draft_backend, spec, draft=True))
         check_vocabularies(tokenizer, d_tok, spec.target, spec.draft_model)
     return ModelDrafter(draft_runner)
+
+
+def freeze_heap() -> None:
+    """Once the models are loaded: take what loading allocated out of the cyclic garbage
+    collector's view (gc.freeze). A loaded process holds ~200,000 tracked Python objects (modules,
+    torch and transformers state) that never become garbage, and every full collection walks them
+    all: building the suffix drafter's trie over a 1,500-token prompt (35,000 nodes) paused for
+    full collections and took 111–144 ms, 15–36 ms with them frozen. For a process whose models
+    stay loaded until it exits (the server): frozen objects that later become cyclic garbage are
+    never collected."""
+    gc.collect()
+    gc.freeze()
 
 
 def build_engine(spec: EngineSpec, target=None, **engine_kw):

@@ -262,3 +262,22 @@ def test_lone_surrogates_are_400(srv, path, body):
     r = httpx.post(srv.url + path, content=json.dumps({"model": MODEL, **body}),  # "\ud800" escaped
                    headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+
+
+def test_the_server_loader_takes_loaded_objects_out_of_the_collectors_view(monkeypatch):
+    """After loading, a full garbage collection must not walk what loading allocated
+    (draftwise.build.freeze_heap): the loader freezes the heap once the scheduler is built."""
+    import gc
+
+    import draftwise.server.load as load
+    from fakes import CharTokenizer
+
+    before = gc.get_freeze_count()
+    held = [[i] for i in range(1000)]  # loaded state: tracked objects that stay alive
+    monkeypatch.setattr(load, "_build", lambda spec, **kw: (object(), CharTokenizer()))
+    try:
+        _, toks = load.build_scheduler(load.ServeConfig())
+        toks.close()
+        assert gc.get_freeze_count() >= before + len(held)
+    finally:
+        gc.unfreeze()

@@ -7,7 +7,7 @@ import copy
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from draftwise.build import EngineSpec
+from draftwise.build import EngineSpec, freeze_heap
 from draftwise.build import build_scheduler as _build
 from draftwise.scheduler import Scheduler
 
@@ -74,4 +74,5 @@ def build_scheduler(cfg: ServeConfig, observer=None) -> tuple[Scheduler, Tokeniz
     """The scheduler (the context check reserves no draft: see Scheduler) and the HTTP tokenizers."""
     sched, tok = _build(cfg.spec, observer=observer, max_queue=cfg.max_queue, spec_off_above=cfg.spec_off_above,
                         pad_ragged=cfg.pad_ragged, reserve_draft=False)
+    freeze_heap()  # the server's models stay loaded for its lifetime
     return sched, Tokenizers(tok)
