@@ -93,6 +93,21 @@ class Timed(FixedDraftLength):
         self.steps.append(step)
 
 
+def test_step_overhead_leaves_out_the_work_per_emitted_token():
+    """Text, logprobs and delivery are done per emitted token, for plain decoding too: the
+    per-step overhead the planner learns (StepTimes.other_s) leaves them out, or a drafting step's
+    many tokens would make a plain step look dearer than it is."""
+    sched = Scheduler(Runner(), CharTokenizer(), NgramDrafter(1, 3), policy := Timed(4))
+    commit = sched._commit
+
+    def slow_commit(*a, **kw):
+        time.sleep(0.02)
+        return commit(*a, **kw)
+    sched._commit = slow_commit
+    run(sched, GOOD)
+    assert policy.steps and all(s.other_s < 0.02 for s in policy.steps)
+
+
 def test_batched_forward_failure_is_retried_alone():
     clean = Scheduler(Runner(), CharTokenizer(), NgramDrafter(1, 3), policy := Timed(4))
     run(clean, GOOD)
