@@ -114,8 +114,13 @@ class CostCurve:
         (one token per sequence) by its own measurement once it has one (`plain`)."""
         if n_seqs is not None and sum(k * b for k, b in parts) == n_seqs:
             return self.plain(n_seqs, parts)
-        t = sum(self(k, b) for k, b in parts)
+        t = self._parts_s(parts)
         return t * self.ragged if len(parts) > 1 else t
+
+    def _parts_s(self, parts: list[tuple[int, int]]) -> float:
+        """The forwards' seconds, before the ragged correction: a forward of one token for b
+        sequences is the plain step of b sequences, priced as measured once it was."""
+        return sum(self._plain[b][0] if k == 1 and b in self._plain else self(k, b) for k, b in parts)
 
     def plain(self, n: int, parts: list[tuple[int, int]] | None = None) -> float:
         """Seconds of a plain step of n sequences (run as `parts`; default one forward): as measured
@@ -158,7 +163,7 @@ class CostCurve:
         they get their own correction rather than moving the points that plain steps measure
         (docs/planner.md, "Batches")."""
         if len(parts) > 1:
-            ratio = seconds / sum(self(k, b) for k, b in parts)
+            ratio = seconds / self._parts_s(parts)
             self.ragged += EMA * (min(max(ratio, self.ragged / 2), 2 * self.ragged) - self.ragged)
             return
         ratio = seconds / sum(self.raw(k, b) for k, b in parts)
