@@ -34,6 +34,11 @@ DRIFT = 0.005  # per observation elsewhere on the curve, how far an unobserved p
 MEASURE = 2  # plain steps measured at a batch size before any request drafts at it (Planner.plan)
 
 
+def is_plain(parts: list[tuple[int, int]], n_seqs: int) -> bool:
+    """Do these (k, b) forwards of a step of n_seqs sequences feed one token per sequence?"""
+    return sum(k * b for k, b in parts) == n_seqs
+
+
 class CostCurve:
     """Seconds of one forward of k new tokens with logits at all k, for b sequences of k each.
 
@@ -112,7 +117,7 @@ class CostCurve:
         forwards (draftwise.backends.base.forward_parts): a ragged batch is priced by what it
         executes, times what such steps were measured to cost over that (`ragged`); a plain step
         (one token per sequence) by its own measurement once it has one (`plain`)."""
-        if n_seqs is not None and sum(k * b for k, b in parts) == n_seqs:
+        if n_seqs is not None and is_plain(parts, n_seqs):
             return self.plain(n_seqs, parts)
         t = self._parts_s(parts)
         return t * self.ragged if len(parts) > 1 else t
@@ -147,7 +152,7 @@ class CostCurve:
         are kept for its batch size: the fastest of its first MEASURE (a stall only adds time),
         then an EMA."""
         self._steps[n] = self._steps.get(n, 0) + 1
-        if sum(k * b for k, b in parts) == n:
+        if is_plain(parts, n):
             got = self._plain.setdefault(n, [seconds, 0])
             s = got[0]
             got[0] = min(s, seconds) if got[1] < MEASURE else s + EMA * (min(max(seconds, s / 2), 2 * s) - s)

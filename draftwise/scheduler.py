@@ -163,7 +163,6 @@ class Scheduler:
         self._keys = itertools.count()
         self._thread: threading.Thread | None = None
         self._held: set[int] = set()  # target sequences opened and not yet freed
-        self._tokens_s = 0.0  # this step's seconds of work per emitted token (_commit_round)
         self.step_started: float | None = None  # time.monotonic() at the start of the step in progress
         self._loop_errors = 0
 
@@ -399,19 +398,20 @@ class Scheduler:
         self.observer.forward("step", len(live), sum(map(len, feeds)), t_fwd)
         self.observer.phase("verify", t_fwd)
         t = time.perf_counter()
-        self._tokens_s = 0.0
+        t_tokens = 0.0  # of which work per emitted token (_commit_round's return): see StepTimes
         for (st, prop, shadow), rows in zip(live, logits):
             if rows is not None:
-                self._try(st, self._commit_round, st, prop, shadow, *rows, t_fwd, t_step)
+                t_tokens += self._try(st, self._commit_round, st, prop, shadow, *rows, t_fwd, t_step) or 0.0
         t_other = time.perf_counter() - t
         self.observer.phase("other", t_other)
         if batched:  # a step of retries is no measure of the batched forward's cost
             ks = [len(f) for f in feeds]
-            self.policy.observe_step(StepTimes(max(ks), len(live), t_fwd, t_draft, t_other - self._tokens_s,
+            self.policy.observe_step(StepTimes(max(ks), len(live), t_fwd, t_draft, t_other - t_tokens,
                                                forwards, behind, self._split(ks)))
 
     def _commit_round(self, st: RequestState, prop: Proposal, shadow: Proposal | None, rows: torch.Tensor,
-                      feats: torch.Tensor | None, t_fwd: float, t_step: float) -> None:
+                      feats: torch.Tensor | None, t_fwd: float, t_step: float) -> float:
+        """Verify and commit one request's round; returns the seconds of its work per emitted token."""
         t_req = time.perf_counter()
         rows = rows[: len(prop.tokens) + 1]  # [d+1, V]
         res = self._verify(rows, prop, st.req.params, st.gen)
@@ -434,9 +434,9 @@ class Scheduler:
         self.policy.learn(st, RoundOutcome(prop, res, rows, st.req.params, shadow and shadow.tokens[0],
                                            time.perf_counter() - t_step, shadow))
         # row i of the verification scored emitted token i (accepted, then recovered or bonus)
-        t_tok = time.perf_counter()  # work per emitted token (logprobs, text, delivery): see StepTimes
+        t_tok = time.perf_counter()  # work per emitted token (logprobs, text, delivery)
         self._commit(st, res.tokens, bool(prop.tokens), _logprobs(st.req, rows[: len(res.tokens)], res.tokens))
-        self._tokens_s += time.perf_counter() - t_tok
+        return time.perf_counter() - t_tok
 
     def _forward(self, batch: list[RequestState], feeds: list[list[int]], trees: list | None = None) -> tuple[list, bool]:
         """((logits, features or None) per sequence, whether the batched forward went through).
