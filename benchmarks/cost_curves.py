@@ -19,6 +19,11 @@ padded to the longest feed. The server's runner and cached curve, so `draftwise 
     .venv/bin/python benchmarks/cost_curves.py table docs/data/profile_*_method2_xeon.json
     .venv/bin/python benchmarks/cost_curves.py ragged --model qwen2.5-coder-1.5b
     .venv/bin/python benchmarks/cost_curves.py native --model qwen2.5-coder-1.5b
+    .venv/bin/python benchmarks/cost_curves.py trie
+
+`trie`: what building the suffix drafter's request trie over a long prompt costs while Python's
+cyclic GC walks everything a loaded process holds, and with that frozen as the server does
+(docs/server.md; `docs/data/trie_gc.txt`).
 """
 from __future__ import annotations
 
@@ -170,6 +175,33 @@ def native_table(nat: dict, ours: dict, ks: list[int]) -> str:
     return "\n".join(lines)
 
 
+def trie_builds(lengths: list[int], reps: int, vocab: int = 3000) -> list[tuple[int, int, float, float]]:
+    """(prompt tokens, trie nodes, ms to build the suffix drafter's request trie with the cyclic
+    GC walking every object the process holds, ms with those frozen: draftwise.build.freeze_heap),
+    median of `reps` random prompts each. Freezes this process's heap."""
+    import gc
+
+    import transformers  # noqa: F401 - what a serving process holds besides torch
+
+    from draftwise.build import freeze_heap
+    from draftwise.drafters.suffix import SuffixTrie
+
+    rng = random.Random(0)
+    prompts = {n: [[rng.randrange(vocab) for _ in range(n)] for _ in range(reps)] for n in lengths}
+
+    def build(seq: list[int]) -> tuple[float, int]:
+        t = time.perf_counter()
+        trie = SuffixTrie(24)
+        trie.add(seq)
+        return 1e3 * (time.perf_counter() - t), trie.nodes
+    gc.collect()
+    walked = {n: [build(p) for p in prompts[n]] for n in lengths}
+    freeze_heap()
+    frozen = {n: [build(p)[0] for p in prompts[n]] for n in lengths}
+    return [(n, walked[n][0][1], statistics.median(t for t, _ in walked[n]), statistics.median(frozen[n]))
+            for n in lengths]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -186,7 +218,15 @@ def main(argv: list[str] | None = None) -> None:
     nv.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 8, 12, 16])
     nv.add_argument("--depth", type=int, default=256, help="tokens in the sequence before each forward")
     nv.add_argument("--reps", type=int, default=9)
+    tr = sub.add_parser("trie", help="the suffix drafter's request trie build, GC walking the heap or frozen")
+    tr.add_argument("--lengths", type=int, nargs="+", default=[500, 1000, 1500, 3000])
+    tr.add_argument("--reps", type=int, default=5)
     a = ap.parse_args(argv)
+    if a.cmd == "trie":
+        print("prompt tokens | trie nodes | ms, GC walking the heap | ms, heap frozen")
+        for n, nodes, walked, frozen in trie_builds(a.lengths, a.reps):
+            print(f"{n:13d} | {nodes:10d} | {walked:23.1f} | {frozen:15.1f}")
+        return
     if a.cmd == "native":
         from draftwise.models.load import resolve
 

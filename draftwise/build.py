@@ -169,7 +169,7 @@ def freeze_heap() -> None:
     collector's view (gc.freeze). A loaded process holds ~200,000 tracked Python objects (modules,
     torch and transformers state) that never become garbage, and every full collection walks them
     all: building the suffix drafter's trie over a 1,500-token prompt (35,000 nodes) paused for
-    full collections and took 111–144 ms, 15–36 ms with them frozen. For a process whose models
+    full collections and took 64 ms, 10 ms with them frozen (docs/data/trie_gc.txt). For a process whose models
     stay loaded until it exits (the server): frozen objects that later become cyclic garbage are
     never collected."""
     gc.collect()

@@ -257,3 +257,16 @@ def test_trace_agreement_head_mode(planner_run, tmp_path):
     acc = res["teacher_forced"]["all"]["acceptance_per_position"]
     assert len(acc) == 3 and all(0.0 <= a <= 1.0 for a in acc)
     assert json.loads((tmp_path / "tf.json").read_text()) == res
+
+
+def test_cost_curves_trie_builds(capsys):
+    import gc
+
+    try:
+        driver("cost_curves").main(["trie", "--lengths", "40", "--reps", "1"])
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].startswith("prompt tokens") and rows[1].split("|")[0].strip() == "40"
+    assert 40 < int(rows[1].split("|")[1]) <= 1 + 24 * 17 + 23 * 24 // 2  # root + substrings of <= 24 tokens
