@@ -515,6 +515,16 @@ class Planner:
         t = np.array([self.draft_cost(d) + step(d + 1) for d in range(1, max(d_max, 0) + 1)])
         return step(1), t, 0.0 if batch.alike else float(sum(batch.emits) - batch.emits[batch.me])
 
+    def step_pays(self, batch: Batch) -> bool:
+        """Does the batched step as its requests chose it (feeds, emits) beat a plain step of the
+        same sequences by `margin` in expected tokens per second? Forwards and overhead only: the
+        candidates were proposed before either was chosen."""
+        n = len(batch.feeds)
+        if all(k == 1 for k in batch.feeds):
+            return True
+        t = self.verify.parts(batch.split(batch.feeds), n) + self.overhead_s
+        return sum(batch.emits) / t > n / (self.verify.plain(n) + self.overhead_s) * (1.0 + self.margin)
+
     def _stop_rule(self, alpha: np.ndarray, d: int, rate: float, n_seqs: int) -> StopRule:
         """Bars on the draft's own probability c_j of each token j it drafts. Token j is accepted
         with probability g(c_j) (Calibration) once tokens 1..j-1 are (reach_{j-1} = prod alpha_1..j-1),

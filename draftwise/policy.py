@@ -4,6 +4,7 @@
     ask(st, batch, room)            tokens to ask a cheap drafter for, before choosing
     select(st, batch, proposal)     -> the part of a cheap drafter's proposal to verify (may be none)
     choose(st, batch, available, behind) -> D this round (0: a plain step), for a draft model
+    pays(batch)                     does the step as the requests chose it beat a plain step?
     stop(st)                        the draft model's early-stop rule for this round, or None
     learn(st, round)                what the round showed (after verification)
     observe_step(step)              the step's measured times
@@ -77,6 +78,7 @@ class DraftPolicy(Protocol):
     def ask(self, st, batch: Batch, room: int) -> int: ...
     def select(self, st, batch: Batch, cand: Proposal) -> Proposal: ...
     def choose(self, st, batch: Batch, available: int, behind: int) -> int: ...
+    def pays(self, batch: Batch) -> bool: ...
     def stop(self, st) -> StopRule | None: ...
     def learn(self, st, outcome: RoundOutcome) -> None: ...
     def observe_step(self, step: StepTimes) -> None: ...
@@ -111,6 +113,7 @@ class FixedDraftLength:
         batch.record(d, 1.0)
         return d
 
+    def pays(self, batch: Batch) -> bool: return True
     def begin(self, st) -> None: ...
     def stop(self, st) -> StopRule | None: return None
     def learn(self, st, outcome: RoundOutcome) -> None: ...
@@ -170,6 +173,9 @@ class PlannedDraftLength:
         plan.behind = behind
         batch.record(plan.d, plan.expected)
         return plan.d
+
+    def pays(self, batch: Batch) -> bool:
+        return self.planner.step_pays(batch)
 
     def stop(self, st) -> StopRule | None:
         return None if st.policy is None or st.policy.plan is None else st.policy.plan.stop
@@ -276,6 +282,9 @@ class DrafterChoice:
 
     def choose(self, st, batch: Batch, available: int, behind: int) -> int:
         raise TypeError("drafter auto chooses among cheap drafters: select, not choose")
+
+    def pays(self, batch: Batch) -> bool:
+        return self._any.step_pays(batch)  # the planners share the verify curve
 
     def stop(self, st):
         return None

@@ -487,14 +487,32 @@ class Scheduler:
         requests share one forward, so each draft is priced by what it does to the whole step
         (Planner.plan): first every request chooses as if all sequences fed what it feeds (a
         batch whose requests all draft alike costs less per token than one ragged draft), then
-        each in turn re-chooses against the step as the others left it, until no choice
-        changes (at most SWEEPS rounds of this coordinate ascent on the step's expected rate)."""
+        each in turn re-chooses against the step as the others left it (_settle). Each choice
+        raises the step's expected rate given the others', so the choices end in a local
+        optimum, which from that start can lie below the plain step: m drafts that each pay only
+        their share of the extra forward they make the whole step run, where none would pay for
+        it alone. Then (DraftPolicy.pays) the choices start again from the plain step, whose end
+        cannot be worse than it."""
         n = len(batch)
         ask = Batch.of(n, self._split)
         cands = [self._try(st, self._candidate, st, ask) for st in batch]  # None: failed, dropped
         live = [i for i, c in enumerate(cands) if c is not None]
         step = Batch.of(len(live), self._split, alike=True)
-        props: list[Proposal | None] = [None] * n
+        props = self._settle(batch, cands, live, step)
+        if len(live) > 1 and not self.policy.pays(step):
+            props = self._settle(batch, cands, live, Batch.of(len(live), self._split))
+        shadows = [c if c is not None and c.tokens and p is not None and not p.tokens else None
+                   for c, p in zip(cands, props)]  # the candidate a plain step was chosen over
+        return props, shadows, 0, 1
+
+    def _settle(self, batch: list[RequestState], cands: list[Proposal | None], live: list[int],
+                step: Batch) -> list[Proposal | None]:
+        """Each live request chooses its part of its candidate against `step` (which records the
+        choices), in turn, until no choice changes: at most SWEEPS rounds after the first of
+        this coordinate ascent on the step's expected rate. A request whose choice fails is
+        dropped (its candidate set to None)."""
+        props: list[Proposal | None] = [None] * len(batch)
+        alike = step.alike
         for sweep in range(1 + (SWEEPS if len(live) > 1 else 0)):
             changed = False
             for j, i in enumerate(live):
@@ -506,11 +524,9 @@ class Scheduler:
                     cands[i] = None
                 changed |= step.feeds[j] != before
             step.alike = False
-            if sweep and not changed:
+            if (sweep or not alike) and not changed:
                 break
-        shadows = [c if c is not None and c.tokens and p is not None and not p.tokens else None
-                   for c, p in zip(cands, props)]  # the candidate a plain step was chosen over
-        return props, shadows, 0, 1
+        return props
 
     def _candidate(self, st: RequestState, step: Batch) -> Proposal:
         """The drafter's proposal, as long as the policy may verify."""

@@ -258,3 +258,26 @@ def test_a_batch_prices_each_draft_by_what_it_adds_to_the_shared_step():
     assert all(r.stats.verification_rounds > 0 for r in together)
     padded = Scheduler(_Ragged(period=15), CharTokenizer(), drafter, policy, max_running=8, pad_ragged=True)
     assert padded._split([1, 5, 1]) == [(5, 3)]
+
+
+def test_drafts_that_pay_only_together_in_a_ragged_step_give_way_to_the_plain_step():
+    """T(k, b) = 10 + k b ms, alpha = 0.8, 3 of 8 requests can draft. From the alike start each
+    of the 3 chooses D = 2; then, against the ragged step the others left, each keeps it: with
+    it, (1 x 8) + (2 x 3) ubatches, 34 ms for 3 x 2.44 + 5 tokens; without, (1 x 8) + (2 x 2),
+    32 ms for 10.88. Together they lose to the plain step, 8 tokens in 18 ms (362 against 444
+    tokens/s), and none pays its extra ubatch alone (7 + 2.44 tokens in 30 ms): plain steps."""
+    from draftwise.planner import Batch, CostCurve, Planner
+    from draftwise.policy import PlannedDraftLength
+
+    curve = CostCurve({b: [10 + k * b for k in range(1, 10)] for b in (1, 2, 4, 8)})
+    planner = Planner(curve, None, prior=0.8, max_draft=4, online=False, probe_max=0, margin=0.03, risk=0.0)
+    planner.draft_call_s = 0.0
+    drafter = _OnlyAfterA()
+    policy = PlannedDraftLength(planner, drafter)
+    trapped = Batch([3, 3, 3] + [1] * 5, [2.44] * 3 + [1.0] * 5, equal_split_parts)
+    assert not policy.pays(trapped) and policy.pays(Batch([3] * 8, [2.44] * 8, equal_split_parts))
+    sched = Scheduler(_Ragged(period=15), CharTokenizer(), drafter, policy, max_running=8)
+    prompts = [[0, 1 + i, 2 + i] for i in range(3)] + [[5 + i, 6, 7] for i in range(5)]
+    out = [c.result for c in run_all(sched, prompts, max_tokens=12)]
+    assert all(r.stats.verification_rounds == 0 for r in out)
+    assert [r.token_ids for r in out[:3]] == [[(2 + i + j) % 15 for j in range(1, 13)] for i in range(3)]
