@@ -192,16 +192,22 @@ class Acceptance:
         self.strength, self.forget = strength, forget
         self.acc = np.zeros_like(self.prior)  # [max_pos] (discounted) accepted counts
         self.seen = np.zeros_like(self.prior)  # [max_pos] (discounted) times the position was reached
+        self._alpha: np.ndarray | None = None  # alpha() until the next observation
 
     def alpha(self) -> np.ndarray:  # [max_pos]
         """Position i's prior mean is mostly position i-1's estimate (3/4) and a little its own
         prior (1/4), so positions never reached yet borrow from the ones before them: when short
-        drafts are always accepted, a long one is tried next."""
+        drafts are always accepted, a long one is tried next. Read-only: computed once per
+        observation (a batch's step plans every request's round more than once)."""
+        if self._alpha is not None:
+            return self._alpha
         out = np.empty_like(self.prior)
         prev = self.prior[0]
         for i in range(len(out)):
             m = 0.25 * self.prior[i] + 0.75 * prev
             out[i] = prev = (self.strength * m + self.acc[i]) / (self.strength + self.seen[i])
+        out.flags.writeable = False
+        self._alpha = out
         return out
 
     def observe(self, proposed: int, accepted: int, after: float | None = None) -> None:
@@ -209,6 +215,7 @@ class Acceptance:
         `after`: when every proposed token was accepted but the drafter stopped early, the
         probability the token it dropped would have been accepted (a partial observation of the
         next position, as a shadow: else a draft that keeps stopping early looks always right)."""
+        self._alpha = None
         self.acc *= self.forget
         self.seen *= self.forget
         reached = min(accepted + 1, proposed, len(self.prior))
@@ -227,6 +234,7 @@ class Acceptance:
         fall back to borrowing from the first). depth = all positions: a draft model's shadow from
         the target's confidence at the position (Planner.commit), which is the same event at any
         depth (the draft agrees with the target's token given the target's own context)."""
+        self._alpha = None
         n = min(depth, len(self.prior))
         self.acc[:n] *= self.forget
         self.seen[:n] *= self.forget
@@ -247,6 +255,7 @@ class Acceptance:
     def relax(self, forget: float = 0.98) -> None:
         """A step without any observation: let the estimate drift back toward the prior, slowly
         (a request that stopped drafting probes again after tens of steps, not every few)."""
+        self._alpha = None
         self.acc *= forget
         self.seen *= forget
 
@@ -332,10 +341,35 @@ class Batch:
     split: Callable[[list[int]], list[tuple[int, int]]]
     me: int = 0
     alike: bool = False
+    _seconds: dict[tuple[int, ...], float] = field(default_factory=dict)  # sorted feeds -> forward seconds
+    _rows: dict[tuple, np.ndarray] = field(default_factory=dict)  # forwards(): (alike, others, d_max) -> row
 
     @classmethod
     def of(cls, n: int, split=None, alike: bool = False) -> Batch:
         return cls([1] * n, [1.0] * n, split or (lambda ks: [(max(ks), len(ks))]), alike=alike)
+
+    def forward_s(self, curve: CostCurve, ks: list[int]) -> float:
+        """Seconds of the step's forward with these per-sequence feeds, run as `split` says (any
+        order of the feeds runs alike), priced once per step: every request's choice prices the
+        same few shapes, and the curve does not change while a step is planned."""
+        key = tuple(sorted(ks))
+        got = self._seconds.get(key)
+        if got is None:
+            got = self._seconds[key] = curve.parts(self.split(list(key)), len(key))
+        return got
+
+    def forwards(self, curve: CostCurve, d_max: int) -> np.ndarray:  # [d_max + 1]
+        """Seconds of the step's forward with the planning request feeding 1..d_max + 1 tokens,
+        the others as they stand (alike: every sequence feeding the same), priced once per shape: the alike sweep
+        prices one row for every request, and requests that see the same others share theirs."""
+        others = () if self.alike else tuple(sorted(self.feeds[:self.me] + self.feeds[self.me + 1:]))
+        key = (self.alike, others, d_max)
+        got = self._rows.get(key)
+        if got is None:
+            n = len(self.feeds)
+            got = self._rows[key] = np.array([
+                self.forward_s(curve, [k] * n if self.alike else [*others, k]) for k in range(1, d_max + 2)])
+        return got
 
     def record(self, d: int, expected: float) -> None:
         """The planning request chose d draft tokens, expecting to emit `expected` tokens."""
@@ -445,6 +479,9 @@ class Planner:
         if available is not None:
             d_max = min(d_max, available)
         n_seqs = 1 if batch is None else len(batch.feeds)
+        measuring = self.online and not self.verify.plain_known(n_seqs)
+        if measuring:
+            d_max = 0  # the plain step at this batch size is measured first (CostCurve.plain_known)
         others = 0.0  # the rest of the step's expected tokens (a cheap drafter's round in a batch)
         if n_seqs > 1 and self.draft is None:
             t0, t, others = self._step_costs(d_max, batch)  # t: [d_max] seconds of the step
@@ -452,8 +489,8 @@ class Planner:
             t0, t = self.verify.plain(n_seqs) + self.overhead_s, self._round_costs(d_max, n_seqs)
         r_plain = 1.0 / t0
         plain = Plan(0, r_plain, r_plain, step_rate=(others + 1.0) * r_plain)
-        if self.online and not self.verify.plain_known(n_seqs):
-            return plain  # measure the plain step at this batch size first (CostCurve.plain_known)
+        if measuring:
+            return plain
         catch_up = self._catch_up_s(behind)  # 0 unless a draft model fell behind
         if self.draft is not None and behind > 1 and not any(req.plans) and len(req.plans) < self._look(catch_up, r_plain):
             return plain  # look first: see commit's target_top
@@ -505,15 +542,9 @@ class Planner:
         request's d = 1..d_max draft tokens, drafting included, and the other requests' expected
         tokens), as the batch stands: requests that chose before this one with their drafts, the
         rest as plain steps."""
-        ks = list(batch.feeds)
-
-        def step(k: int) -> float:
-            if batch.alike:  # every sequence feeds k, and each gains what this one does: others = 0
-                return self.verify.parts(batch.split([k] * len(ks)), len(ks)) + self.overhead_s
-            ks[batch.me] = k
-            return self.verify.parts(batch.split(ks), len(ks)) + self.overhead_s
-        t = np.array([self.draft_cost(d) + step(d + 1) for d in range(1, max(d_max, 0) + 1)])
-        return step(1), t, 0.0 if batch.alike else float(sum(batch.emits) - batch.emits[batch.me])
+        f = batch.forwards(self.verify, max(d_max, 0)) + self.overhead_s  # [d_max + 1]
+        others = 0.0 if batch.alike else float(sum(batch.emits) - batch.emits[batch.me])
+        return float(f[0]), f[1:] + self.draft_cost(1), others  # a cheap drafter: one call, any d
 
     def step_pays(self, batch: Batch) -> bool:
         """Does the batched step as its requests chose it (feeds, emits) beat a plain step of the
@@ -522,8 +553,8 @@ class Planner:
         n = len(batch.feeds)
         if all(k == 1 for k in batch.feeds):
             return True
-        t = self.verify.parts(batch.split(batch.feeds), n) + self.overhead_s
-        return sum(batch.emits) / t > n / (self.verify.plain(n) + self.overhead_s) * (1.0 + self.margin)
+        t = batch.forward_s(self.verify, batch.feeds) + self.overhead_s
+        return sum(batch.emits) / t > n / (batch.forward_s(self.verify, [1] * n) + self.overhead_s) * (1.0 + self.margin)
 
     def _stop_rule(self, alpha: np.ndarray, d: int, rate: float, n_seqs: int) -> StopRule:
         """Bars on the draft's own probability c_j of each token j it drafts. Token j is accepted
