@@ -9,6 +9,7 @@ by token.
     .venv/bin/python benchmarks/server_bench.py --out results/server_bench
     .venv/bin/python benchmarks/server_bench.py --model qwen2.5-coder-1.5b --out results/server_bench_qwen
     .venv/bin/python benchmarks/server_bench.py --engine llama-server --configs plain ngram-mod draft
+    .venv/bin/python benchmarks/server_bench.py --engine vllm --model qwen2.5-coder-1.5b --configs plain ngram
     .venv/bin/python benchmarks/server_bench.py --dry-run     # print the commands
 """
 from __future__ import annotations
@@ -47,6 +48,26 @@ def llama_server_flags(config: str, draft_model: str) -> list[str]:
     raise SystemExit(f"configuration {config!r}: expected plain, draft or one of {', '.join(LLAMA_NGRAM)}")
 
 
+VLLM_SERVE = ".peers/bin/vllm-serve"
+VLLM_HF = ".peers/hf"
+
+
+def vllm_flags(config: str, draft_model: str) -> list[str]:
+    """`plain`; `ngram` or `ngramK` (vLLM's prompt lookup, n = 2..4, K tokens, default 4); `draft`
+    or `draftK`: the draft model's Hugging Face export (scripts/setup_peers.sh vllm)."""
+    import json
+    import re
+    if config == "plain":
+        return []
+    m = re.fullmatch(r"(ngram|draft)(\d*)", config)
+    if m is None:
+        raise SystemExit(f"configuration {config!r}: expected plain, ngram[K] or draft[K]")
+    k = int(m.group(2) or 4)
+    spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4} \
+        if m.group(1) == "ngram" else {"method": "draft_model", "model": f"{VLLM_HF}/{draft_model}", "num_speculative_tokens": k}
+    return ["--speculative-config", json.dumps(spec)]
+
+
 def gguf(model: str) -> str:
     from draftwise.models.registry import resolve
     src = resolve(model)
@@ -63,6 +84,12 @@ def commands(a: argparse.Namespace) -> tuple[dict[str, list[str]], list[str]]:
                   "-c", str(a.max_context * slots), "--metrics", "--no-webui", "--host", "127.0.0.1"]
         names = {c: c for c in a.configs}
         servers = {c: common + llama_server_flags(c, a.draft_model) + a.serve_args.split() + ["--port", str(a.port + i)]
+                   for i, c in enumerate(a.configs)}
+    elif a.engine == "vllm":
+        common = [VLLM_SERVE, "--model", f"{VLLM_HF}/{a.model}", "--served-model-name", a.model, "--dtype", "bfloat16",
+                  "--max-model-len", str(a.max_context), "--max-num-seqs", str(max(a.concurrency)), "--host", "127.0.0.1"]
+        names = {c: c for c in a.configs}
+        servers = {c: common + vllm_flags(c, a.draft_model) + a.serve_args.split() + ["--port", str(a.port + i)]
                    for i, c in enumerate(a.configs)}
     else:
         common = CLI + ["serve", "--target", a.model, "--backend", "llama.cpp", "--threads", str(a.threads),
@@ -94,13 +121,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/server_bench")
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--engine", choices=["draftwise", "llama-server"], default="draftwise")
+    ap.add_argument("--engine", choices=["draftwise", "llama-server", "vllm"], default="draftwise")
     ap.add_argument("--configs", nargs="+", default=None,
                     help="one server each, the first the baseline: plain, auto or an integer D (draftwise; "
                          "default plain auto 4); plain, draft or an n-gram type (llama-server; default "
-                         "plain ngram-simple ngram-mod draft)")
+                         "plain ngram-simple ngram-mod draft); plain, ngram[K], draft[K] (vllm; default plain ngram)")
     ap.add_argument("--drafter", default="ngram")
-    ap.add_argument("--draft-model", default="qwen2.5-coder-0.5b", help="llama-server's `draft` configuration")
+    ap.add_argument("--draft-model", default="qwen2.5-coder-0.5b", help="llama-server's and vLLM's `draft` configuration")
     ap.add_argument("--serve-args", default="", help="more draftwise serve options, for every server")
     ap.add_argument("--workload", default="editeval,writing")
     ap.add_argument("--n", type=int, default=8, help="prompts per category")
@@ -117,7 +144,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     a = ap.parse_args(argv)
     if a.configs is None:
-        a.configs = ["plain", "auto", "4"] if a.engine == "draftwise" else ["plain", "ngram-simple", "ngram-mod", "draft"]
+        a.configs = {"draftwise": ["plain", "auto", "4"], "vllm": ["plain", "ngram"]}.get(
+            a.engine, ["plain", "ngram-simple", "ngram-mod", "draft"])
     return a
 
 

@@ -184,6 +184,17 @@ def test_server_bench_commands(capsys):
     assert servers["draft"][servers["draft"].index("--spec-draft-model") + 1].endswith(".gguf")
     with pytest.raises(SystemExit, match="expected plain, draft or one of"):
         server.commands(server.parse_args(["--engine", "llama-server", "--configs", "plain", "ngram-fast"]))
+    vllm = server.parse_args(["--engine", "vllm", "--model", "qwen2.5-coder-1.5b", "--configs", "plain", "ngram8",
+                              "draft", "--concurrency", "1", "4"])
+    servers, bench = server.commands(vllm)
+    assert servers["plain"][0] == server.VLLM_SERVE and "--speculative-config" not in servers["plain"]
+    assert servers["plain"][servers["plain"].index("--max-num-seqs") + 1] == "4"
+    spec = {c: json.loads(servers[c][servers[c].index("--speculative-config") + 1]) for c in ("ngram8", "draft")}
+    assert spec["ngram8"] == {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    assert spec["draft"]["model"].endswith("/qwen2.5-coder-0.5b") and spec["draft"]["num_speculative_tokens"] == 4
+    assert "ngram8=http://127.0.0.1:8302/v1" in bench
+    with pytest.raises(SystemExit, match="expected plain, ngram"):
+        server.commands(server.parse_args(["--engine", "vllm", "--configs", "plain", "eagle"]))
 
 
 def test_linear_kernels_on_a_small_layer(capsys):
