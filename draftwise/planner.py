@@ -360,8 +360,9 @@ class Batch:
 
     def forwards(self, curve: CostCurve, d_max: int) -> np.ndarray:  # [d_max + 1]
         """Seconds of the step's forward with the planning request feeding 1..d_max + 1 tokens,
-        the others as they stand (alike: every sequence feeding the same), priced once per shape: the alike sweep
-        prices one row for every request, and requests that see the same others share theirs."""
+        the others as they stand (alike: every sequence feeding the same), priced once per shape:
+        the alike sweep prices one row for every request, and requests that see the same others
+        share theirs."""
         others = () if self.alike else tuple(sorted(self.feeds[:self.me] + self.feeds[self.me + 1:]))
         key = (self.alike, others, d_max)
         got = self._rows.get(key)
