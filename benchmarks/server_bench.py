@@ -18,8 +18,8 @@ import argparse
 import shlex
 import subprocess
 import sys
-import time
-import urllib.request
+
+from draftwise.peers import vllm_command, vllm_spec, wait_healthy
 
 CLI = [sys.executable, "-m", "draftwise.cli"]
 
@@ -48,24 +48,16 @@ def llama_server_flags(config: str, draft_model: str) -> list[str]:
     raise SystemExit(f"configuration {config!r}: expected plain, draft or one of {', '.join(LLAMA_NGRAM)}")
 
 
-VLLM_SERVE = ".peers/bin/vllm-serve"
-VLLM_HF = ".peers/hf"
-
-
-def vllm_flags(config: str, draft_model: str) -> list[str]:
-    """`plain`; `ngram` or `ngramK` (vLLM's prompt lookup, n = 2..4, K tokens, default 4); `draft`
-    or `draftK`: the draft model's Hugging Face export (scripts/setup_peers.sh vllm)."""
-    import json
+def vllm_flags(config: str, draft_model: str) -> dict | None:
+    """`plain` -> None; `ngram` or `ngramK` (vLLM's prompt lookup, n = 2..4, K tokens, default 4),
+    `draft` or `draftK` (the draft model's Hugging Face export) -> its --speculative-config."""
     import re
     if config == "plain":
-        return []
+        return None
     m = re.fullmatch(r"(ngram|draft)(\d*)", config)
     if m is None:
         raise SystemExit(f"configuration {config!r}: expected plain, ngram[K] or draft[K]")
-    k = int(m.group(2) or 4)
-    spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4} \
-        if m.group(1) == "ngram" else {"method": "draft_model", "model": f"{VLLM_HF}/{draft_model}", "num_speculative_tokens": k}
-    return ["--speculative-config", json.dumps(spec)]
+    return vllm_spec(m.group(1), int(m.group(2) or 4), draft_model)
 
 
 def gguf(model: str) -> str:
@@ -86,11 +78,11 @@ def commands(a: argparse.Namespace) -> tuple[dict[str, list[str]], list[str]]:
         servers = {c: common + llama_server_flags(c, a.draft_model) + a.serve_args.split() + ["--port", str(a.port + i)]
                    for i, c in enumerate(a.configs)}
     elif a.engine == "vllm":
-        common = [VLLM_SERVE, "--model", f"{VLLM_HF}/{a.model}", "--served-model-name", a.model, "--dtype", "bfloat16",
-                  "--max-model-len", str(a.max_context), "--max-num-seqs", str(max(a.concurrency)), "--host", "127.0.0.1"]
         names = {c: c for c in a.configs}
-        servers = {c: common + vllm_flags(c, a.draft_model) + a.serve_args.split() + ["--port", str(a.port + i)]
-                   for i, c in enumerate(a.configs)}
+        servers = {}
+        for i, c in enumerate(a.configs):
+            cmd = vllm_command(a.model, a.port + i, a.max_context, max(a.concurrency), vllm_flags(c, a.draft_model))
+            servers[c] = cmd[:-2] + a.serve_args.split() + cmd[-2:]
     else:
         common = CLI + ["serve", "--target", a.model, "--backend", "llama.cpp", "--threads", str(a.threads),
                         "--max-running", "16", "--max-context", str(a.max_context), "--host", "127.0.0.1"]
@@ -103,18 +95,6 @@ def commands(a: argparse.Namespace) -> tuple[dict[str, list[str]], list[str]]:
                    "--concurrency", *map(str, a.concurrency), "--repeats", str(a.repeats),
                    "--warmup", "2", "--no-progress", "--out", a.out] + (["--goal", a.goal] if a.goal else [])
     return servers, bench
-
-
-def wait_healthy(port: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"server on port {port} did not become healthy in {timeout_s:.0f} s")
-            time.sleep(0.5)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -160,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for i, cmd in enumerate(servers.values()):  # one at a time: cost curves measured on a quiet machine
             procs.append(subprocess.Popen(cmd))
-            wait_healthy(a.port + i, a.health_timeout)
+            wait_healthy(a.port + i, a.health_timeout, procs[-1])
         return subprocess.run(bench).returncode
     finally:
         for p in procs:

@@ -318,6 +318,15 @@ def cmd_plan(a) -> int:
                                 write_predictions)
 
     out = Path(a.out)
+    if a.engine == "vllm":
+        from draftwise.plan import plan_vllm
+        if a.drafter not in ("ngram", "model"):
+            raise ValueError(f"plan --engine vllm plans vLLM's ngram or draft model, not --drafter {a.drafter}")
+        plan_vllm(a.target, "ngram" if a.drafter == "ngram" else "draft", a.pilot_d, a.draft_model,
+                  {"target": a.target, "workload": a.workload, "n_per_category": a.n or None, "seed": a.seed,
+                   "max_tokens": a.max_tokens, "pilot_tokens": a.pilot_tokens}, out, a.port,
+                  a.max_context or 2048, not a.no_measure)
+        return 0
     if a.endpoint:
         return _plan_endpoint(a, out)
     if a.drafter == "none":
@@ -496,6 +505,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--pilot-d", type=int, default=8, help="D of the pilot run (the largest D predicted)")
     pl.add_argument("--out", default="results/plan")
     pl.add_argument("--no-measure", action="store_true", help="predict and write the settings only")
+    pl.add_argument("--engine", choices=("draftwise", "vllm"), default="draftwise",
+                    help="vllm: plan vLLM's own speculation (its CPU build from scripts/setup_peers.sh vllm): "
+                         "a pilot at --pilot-d, the predicted speedup per K, the chosen --speculative-config "
+                         "file, and vLLM started with it measured against plain vLLM (docs/peers.md)")
+    pl.add_argument("--port", type=int, default=8401, help="--engine vllm: the plain server's; the next for drafting")
     pl.add_argument("--endpoint", default=None, help="measure a deployed OpenAI-compatible engine instead")
     pl.add_argument("--baseline-endpoint", default=None, help="the same engine without speculation")
     pl.add_argument("--no-progress", action="store_true")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -65,6 +65,66 @@ def predict(planner: Planner, p: Pilot, max_tokens: int | None = None) -> dict[i
         out[d] = (tokens / time) * t1 if time > 0 else 1.0
         if max_tokens is not None:  # prefill + max_tokens decode steps, plain vs at this rate
             out[d] = (p.prefill_s + max_tokens * t1) / (p.prefill_s + max_tokens * t1 / out[d])
+    return out
+
+
+@dataclass(slots=True)
+class EndpointRun:
+    """One configuration of a deployed engine measured from outside (a bench of its endpoint): the
+    decoding after each request's first token, and its speculative counters."""
+    decode_s: float  # sum over requests of e2e - ttft
+    decode_tokens: int  # tokens after each request's first
+    prefill_s: float = 0.0  # sum over requests of the time to the first token
+    requests: int = 1
+    rounds: int = 0  # steps that verified a draft
+    accepted_per_position: list[int] = field(default_factory=list)  # [K] rounds whose draft token i was accepted
+
+    @property
+    def plain_steps(self) -> int:
+        """Steps without a draft: every round emits its accepted tokens and one more."""
+        return self.decode_tokens - self.rounds - sum(self.accepted_per_position)
+
+    @classmethod
+    def read(cls, results: str | Path, config: str, concurrency: int = 1) -> EndpointRun:
+        """From a bench's requests.jsonl: the configuration's requests at that concurrency and the
+        engine counters read around them."""
+        recs = [json.loads(line) for line in Path(results).read_text().splitlines() if line.strip()]
+        mine = [r for r in recs if r.get("config") == config and r.get("concurrency") == concurrency]
+        reqs = [r for r in mine if r["kind"] == "request" and r.get("ttft_s") is not None]
+        if not reqs:
+            raise ValueError(f"{results}: no requests of {config!r} at concurrency {concurrency}")
+        run = cls(sum(r["e2e_s"] - r["ttft_s"] for r in reqs), sum(r["emitted_tokens"] - 1 for r in reqs),
+                  sum(r["ttft_s"] for r in reqs), len(reqs))
+        for s in (r["stats"] for r in mine if r["kind"] == "server" and r.get("stats")):
+            run.rounds += s.get("verification_rounds", 0)
+            acc = s.get("accepted_per_position") or []
+            run.accepted_per_position += [0] * (len(acc) - len(run.accepted_per_position))
+            for i, a in enumerate(acc):
+                run.accepted_per_position[i] += a
+        return run
+
+
+def predict_fixed_k(plain: EndpointRun, pilot: EndpointRun, k: int) -> dict[int, float]:
+    """Speedup over plain requests of an engine that drafts K' = 1..k tokens a round, from its run
+    at k (`pilot`) and its plain run on the same requests: the pilot's rounds would accept the
+    first K' of the same tokens (prefix-consistent drafts, as the replay above), its steps without
+    a draft stay plain steps (the plain run's seconds per token), and a round's seconds beyond a
+    plain step grow linearly from K' = 0 to the pilot's measured round (drafting and verifying K'
+    tokens; from outside the engine no other point of its cost curve is measured). End to end:
+    each run's own time to the first token is added (an engine set up to speculate can take
+    longer to its first token: vLLM's CPU build here ~0.7 against ~0.4 s)."""
+    out = {0: 1.0}
+    if pilot.rounds == 0:
+        return out
+    step_s = plain.decode_s / max(plain.decode_tokens, 1)
+    steps = pilot.plain_steps
+    round_s = (pilot.decode_s - steps * step_s) / pilot.rounds
+    acc = pilot.accepted_per_position + [0] * k
+    plain_s = plain.prefill_s / plain.requests + pilot.decode_tokens / pilot.requests * step_s
+    for d in range(1, k + 1):
+        tokens = steps + pilot.rounds + sum(acc[:d])
+        seconds = steps * step_s + pilot.rounds * (step_s + (round_s - step_s) * d / k)
+        out[d] = plain_s / (pilot.prefill_s / pilot.requests + seconds * pilot.decode_tokens / tokens / pilot.requests)
     return out
 
 
@@ -126,3 +186,66 @@ def save_engine_configs(out_dir: Path, cfgs: dict) -> list[Path]:
     paths.append(out_dir / "engine_settings.json")
     paths[-1].write_text(json.dumps({"measured_on": label, **cfgs}, indent=1) + "\n")
     return paths
+
+
+def plan_vllm(target: str, method: str, k: int, draft_model: str, bench_kw: dict, out_dir: Path,
+              port: int = 8401, max_context: int = 2048, measure: bool = True, log=print) -> dict:
+    """`draftwise plan --engine vllm`: plain vLLM and vLLM drafting k tokens (`method` ngram or
+    draft) measured side by side at concurrency 1 (the pilot), the speedup of every K' <= k
+    predicted (predict_fixed_k), the best written as vllm_speculative_config.json, then vLLM
+    started with exactly that file and measured against the same plain server. `bench_kw`: the
+    BenchConfig fields of the workload (target, workload, n_per_category, seed, max_tokens; the
+    pilot's max_tokens under "pilot_tokens"). Returns {"predicted", "best", "measured"}."""
+    from draftwise.bench import BenchConfig, run_bench, summarise, write_report
+    from draftwise.peers import Server, vllm_command, vllm_spec
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    kw = dict(bench_kw)
+    pilot_tokens = kw.pop("pilot_tokens", kw.get("max_tokens", 64))
+    name = f"{method}{k}"
+
+    def bench(eps: dict, sub: str, tokens: int):
+        cfg = BenchConfig(**{**kw, "max_tokens": tokens}, endpoints=eps, out_dir=str(out_dir / sub), concurrency=(1,))
+        run_bench(cfg, progress=False)
+        return cfg.out_dir
+
+    with open(out_dir / "vllm.log", "ab") as vlog:
+        cmd = lambda p, spec: vllm_command(target, p, max_context, 1, spec)  # noqa: E731
+        with Server(cmd(port, None), port, log=vlog) as plain:
+            log(f"plain vLLM up; pilot: {method} with k = {k}")
+            with Server(cmd(port + 1, vllm_spec(method, k, draft_model)), port + 1, log=vlog) as pilot:
+                pdir = bench({"plain": plain.url, name: pilot.url}, "pilot", pilot_tokens)
+            base = EndpointRun.read(Path(pdir) / "requests.jsonl", "plain")
+            step_s = base.decode_s / max(base.decode_tokens, 1)
+            run = EndpointRun.read(Path(pdir) / "requests.jsonl", name)
+            pred = predict_fixed_k(base, run, k)
+            best = max(pred, key=pred.get)
+            log(f"plain step {1e3 * step_s:.1f} ms; pilot: {run.rounds} rounds, {run.plain_steps} plain steps, "
+                f"accepted per position {run.accepted_per_position}")
+            log("predicted speedup per K (end to end): " + "  ".join(f"K={d}: {v:.2f}x" for d, v in pred.items()))
+            doc = {"kind": "plan-prediction", "engine": "vllm", "hardware": hardware(), "target": target,
+                   "method": method, "pilot_k": k, "plain_step_ms": 1e3 * step_s,
+                   "pilot": {"rounds": run.rounds, "plain_steps": run.plain_steps,
+                             "accepted_per_position": run.accepted_per_position},
+                   "predicted_speedup": {str(d): v for d, v in pred.items()}, "best_k": best}
+            (out_dir / "plan_predictions.json").write_text(json.dumps(doc, indent=1))
+            result = {"predicted": pred, "best": best, "measured": None}
+            if best == 0:
+                log("speculation does not pay here: serve vLLM without --speculative-config")
+                return result
+            path = out_dir / "vllm_speculative_config.json"
+            path.write_text(json.dumps(vllm_spec(method, best, draft_model)) + "\n")
+            log(f"wrote {path}")
+            if not measure:
+                return result
+            chosen = f"{method}{best}"
+            with Server(cmd(port + 1, path.read_text().strip()), port + 1, log=vlog) as spec:
+                mdir = bench({"plain": plain.url, chosen: spec.url}, "measured", kw.get("max_tokens", 64))
+    s = summarise(mdir)
+    s.save(mdir)
+    write_report(s, Path(mdir) / "report.html")
+    row = next(r for r in s.rows if r.scope == "all" and r.config == chosen)
+    result["measured"] = (row.speedup, row.speedup_lo, row.speedup_hi)
+    log(f"{chosen}: predicted {pred[best]:.2f}x, measured {row.speedup:.2f}x [{row.speedup_lo:.2f}, {row.speedup_hi:.2f}] "
+        f"(outputs: {len(s.mismatches)} of {s.checked} differ from plain)")
+    return result

@@ -11,6 +11,7 @@ import torch
 from draftwise.bench import BenchConfig, run_bench
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
+from draftwise.peers import VLLM_SERVE
 from draftwise.planner import CostCurve, Planner
 from draftwise.profile import profile_runner
 from draftwise.prompts import Prompt
@@ -187,7 +188,7 @@ def test_server_bench_commands(capsys):
     vllm = server.parse_args(["--engine", "vllm", "--model", "qwen2.5-coder-1.5b", "--configs", "plain", "ngram8",
                               "draft", "--concurrency", "1", "4"])
     servers, bench = server.commands(vllm)
-    assert servers["plain"][0] == server.VLLM_SERVE and "--speculative-config" not in servers["plain"]
+    assert servers["plain"][0] == VLLM_SERVE and "--speculative-config" not in servers["plain"]
     assert servers["plain"][servers["plain"].index("--max-num-seqs") + 1] == "4"
     spec = {c: json.loads(servers[c][servers[c].index("--speculative-config") + 1]) for c in ("ngram8", "draft")}
     assert spec["ngram8"] == {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 4}

@@ -1,0 +1,85 @@
+"""Peer engines started by draftwise (`draftwise plan --engine vllm`, benchmarks/server_bench.py):
+their command lines, and a server process that is up once its /health answers and is stopped on
+exit. Installed by scripts/setup_peers.sh under .peers/ (docs/peers.md)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+VLLM_SERVE = ".peers/bin/vllm-serve"  # vLLM's OpenAI server, threads bound (setup_peers.sh vllm)
+VLLM_HF = ".peers/hf"  # the packaged models exported to Hugging Face directories
+
+
+def vllm_spec(method: str, k: int, draft_model: str = "qwen2.5-coder-0.5b") -> dict:
+    """vLLM's --speculative-config for n-gram prompt lookup (n = 2..4) or the draft model, k tokens."""
+    if k < 1:
+        raise ValueError(f"vLLM drafts at least 1 token a step, got {k}")
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    if method == "draft":
+        return {"method": "draft_model", "model": f"{VLLM_HF}/{draft_model}", "num_speculative_tokens": k}
+    raise ValueError(f"vLLM drafter {method!r}: expected ngram or draft")
+
+
+def vllm_command(model: str, port: int, max_context: int, max_seqs: int, spec: dict | str | None = None) -> list[str]:
+    """`vllm-serve` for a packaged model's export, serving it under its draftwise name; `spec`: its
+    --speculative-config (a JSON text is passed as it is)."""
+    cmd = [VLLM_SERVE, "--model", f"{VLLM_HF}/{model}", "--served-model-name", model, "--dtype", "bfloat16",
+           "--max-model-len", str(max_context), "--max-num-seqs", str(max_seqs), "--host", "127.0.0.1"]
+    if spec:
+        cmd += ["--speculative-config", spec if isinstance(spec, str) else json.dumps(spec)]
+    return cmd + ["--port", str(port)]
+
+
+def check_installed(cmd: list[str]) -> None:
+    if not Path(cmd[0]).exists():
+        raise FileNotFoundError(f"{cmd[0]} is not installed: run scripts/setup_peers.sh (docs/peers.md)")
+
+
+def wait_healthy(port: int, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    """Until http://127.0.0.1:port/health answers; fails early if the process exits."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                return
+        except OSError:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"the server for port {port} exited with status {proc.returncode} before it was healthy")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server on port {port} did not become healthy in {timeout_s:.0f} s")
+            time.sleep(0.5)
+
+
+class Server:
+    """A server process for `with`: started, waited for (/health), terminated on exit."""
+
+    def __init__(self, cmd: list[str], port: int, timeout_s: float = 900.0, log=None):
+        self.cmd, self.port, self.timeout_s, self.log = cmd, port, timeout_s, log
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> Server:
+        check_installed(self.cmd)
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT if self.log else None)
+        try:
+            wait_healthy(self.port, self.timeout_s, self.proc)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

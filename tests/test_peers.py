@@ -1,0 +1,85 @@
+"""Peer engines started by draftwise (draftwise.peers) and `plan --engine vllm`'s prediction."""
+import json
+import socket
+import sys
+
+import pytest
+
+from draftwise.peers import VLLM_SERVE, Server, vllm_command, vllm_spec
+from draftwise.plan import EndpointRun, predict_fixed_k
+
+
+def test_a_pilot_at_k_predicts_every_shorter_k_by_hand():
+    """Two requests. Plain: 0.5 s to the first token, then 100 ms a token (3.5 s a request). The
+    pilot at K = 4: 1 s to the first token, 30 plain steps and 10 rounds of 200 ms whose draft
+    tokens 1..4 were accepted 8, 6, 4, 2 times (60 tokens in 5 s). At K' a round costs 100 ms +
+    100 ms x K' / 4 and emits 1 + the first K' positions' acceptances per round."""
+    plain = EndpointRun(decode_s=6.0, decode_tokens=60, prefill_s=1.0, requests=2)
+    run = EndpointRun(decode_s=5.0, decode_tokens=60, prefill_s=2.0, requests=2, rounds=10,
+                      accepted_per_position=[8, 6, 4, 2])
+    assert run.plain_steps == 30
+    pred = predict_fixed_k(plain, run, 4)
+    assert pred[0] == 1.0
+    # K' = 1: 48 tokens in 3 + 10 x 0.125 s, so a request's 30 tokens take 2.656 s, + 1 s
+    assert pred[1] == pytest.approx(3.5 / (1.0 + 4.25 * 60 / 48 / 2))  # 0.96x: the slower first token
+    assert pred[2] == pytest.approx(3.5 / (1.0 + 4.5 * 60 / 54 / 2))
+    assert pred[3] == pytest.approx(3.5 / (1.0 + 4.75 * 60 / 58 / 2))
+    assert pred[4] == pytest.approx(1.0)  # the pilot itself, as measured: 2.5 + 1 s against 3.5 s
+    assert max(pred, key=pred.get) == 3
+    assert predict_fixed_k(plain, EndpointRun(3.0, 30), 4) == {0: 1.0}  # it never drafted: nothing to predict
+
+
+def test_an_endpoint_run_is_read_from_a_bench_of_the_engine(tmp_path):
+    rows = [{"kind": "meta"},
+            {"kind": "request", "config": "ngram4", "concurrency": 1, "ttft_s": 0.5, "e2e_s": 2.5, "emitted_tokens": 31},
+            {"kind": "request", "config": "ngram4", "concurrency": 1, "ttft_s": 0.5, "e2e_s": 3.5, "emitted_tokens": 31},
+            {"kind": "request", "config": "ngram4", "concurrency": 4, "ttft_s": 0.5, "e2e_s": 9.0, "emitted_tokens": 31},
+            {"kind": "request", "config": "plain", "concurrency": 1, "ttft_s": 0.5, "e2e_s": 3.5, "emitted_tokens": 31},
+            {"kind": "server", "config": "ngram4", "concurrency": 1,
+             "stats": {"verification_rounds": 6, "accepted_per_position": [5, 3, 1]}},
+            {"kind": "server", "config": "ngram4", "concurrency": 1,
+             "stats": {"verification_rounds": 4, "accepted_per_position": [3, 3, 2, 1]}}]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    run = EndpointRun.read(path, "ngram4")
+    assert (run.decode_s, run.decode_tokens, run.prefill_s, run.requests, run.rounds) == (5.0, 60, 1.0, 2, 10)
+    assert run.accepted_per_position == [8, 6, 3, 1] and run.plain_steps == 32
+    with pytest.raises(ValueError, match="no requests of 'ngram8'"):
+        EndpointRun.read(path, "ngram8")
+
+
+def test_vllm_commands_and_speculative_configs():
+    assert vllm_spec("ngram", 6) == {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 2,
+                                     "prompt_lookup_max": 4}
+    assert vllm_spec("draft", 3)["model"].endswith("/qwen2.5-coder-0.5b")
+    with pytest.raises(ValueError, match="expected ngram or draft"):
+        vllm_spec("eagle", 3)
+    with pytest.raises(ValueError, match="at least 1"):
+        vllm_spec("ngram", 0)
+    text = '{"method": "ngram", "num_speculative_tokens": 2}'
+    cmd = vllm_command("qwen2.5-coder-1.5b", 9001, 2048, 1, text)  # a file's text goes as it is
+    assert cmd[0] == VLLM_SERVE and cmd[cmd.index("--speculative-config") + 1] == text
+    assert cmd[-2:] == ["--port", "9001"] and "--speculative-config" not in vllm_command("m", 1, 8, 1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_server_is_waited_for_and_stopped(tmp_path):
+    port = _free_port()
+    ok = ("import http.server as h\n"
+          "class H(h.BaseHTTPRequestHandler):\n"
+          "    def do_GET(self): self.send_response(200); self.end_headers()\n"
+          f"h.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n")
+    with Server([sys.executable, "-c", ok], port, timeout_s=30) as s:
+        assert s.proc.poll() is None and s.url == f"http://127.0.0.1:{port}/v1"
+    assert s.proc.poll() is not None
+    with pytest.raises(RuntimeError, match="exited with status 3"):
+        with Server([sys.executable, "-c", "import sys; sys.exit(3)"], _free_port(), timeout_s=30):
+            pass
+    with pytest.raises(FileNotFoundError, match="setup_peers.sh"):
+        with Server([str(tmp_path / "vllm-serve")], _free_port()):
+            pass
