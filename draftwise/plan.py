@@ -85,14 +85,19 @@ class EndpointRun:
         return self.decode_tokens - self.rounds - sum(self.accepted_per_position)
 
     @classmethod
-    def read(cls, results: str | Path, config: str, concurrency: int = 1) -> EndpointRun:
-        """From a bench's requests.jsonl: the configuration's requests at that concurrency and the
-        engine counters read around them."""
+    def read(cls, results: str | Path, config: str, concurrency: int = 1, category: str | None = None) -> EndpointRun:
+        """From a bench's requests.jsonl: the configuration's requests at that concurrency (of one
+        prompt category) and the engine counters read around them (around each request group:
+        a group with a request of another category is left out)."""
         recs = [json.loads(line) for line in Path(results).read_text().splitlines() if line.strip()]
         mine = [r for r in recs if r.get("config") == config and r.get("concurrency") == concurrency]
-        reqs = [r for r in mine if r["kind"] == "request" and r.get("ttft_s") is not None]
+        reqs = [r for r in mine if r["kind"] == "request" and r.get("ttft_s") is not None
+                and category in (None, r.get("category"))]
         if not reqs:
-            raise ValueError(f"{results}: no requests of {config!r} at concurrency {concurrency}")
+            raise ValueError(f"{results}: no requests of {config!r} at concurrency {concurrency}"
+                             + (f" in category {category!r}" if category else ""))
+        ids = {r["prompt_id"] for r in reqs}
+        mine = [r for r in mine if r["kind"] != "server" or set(r.get("prompt_ids") or []) <= ids]
         run = cls(sum(r["e2e_s"] - r["ttft_s"] for r in reqs), sum(r["emitted_tokens"] - 1 for r in reqs),
                   sum(r["ttft_s"] for r in reqs), len(reqs))
         for s in (r["stats"] for r in mine if r["kind"] == "server" and r.get("stats")):
@@ -188,14 +193,22 @@ def save_engine_configs(out_dir: Path, cfgs: dict) -> list[Path]:
     return paths
 
 
+def choose_k(pred: dict[int, float], per_category: dict[str, dict[int, float]]) -> int:
+    """The K with the highest predicted speedup over the whole workload among those predicted to
+    slow no category (a fixed K is served to every request); 0 (no speculation) when none is."""
+    ok = [d for d in pred if all(p[d] >= 1.0 for p in per_category.values())]
+    return max(ok, key=lambda d: (pred[d], -d), default=0)
+
+
 def plan_vllm(target: str, method: str, k: int, draft_model: str, bench_kw: dict, out_dir: Path,
               port: int = 8401, max_context: int = 2048, measure: bool = True, log=print) -> dict:
     """`draftwise plan --engine vllm`: plain vLLM and vLLM drafting k tokens (`method` ngram or
     draft) measured side by side at concurrency 1 (the pilot), the speedup of every K' <= k
-    predicted (predict_fixed_k), the best written as vllm_speculative_config.json, then vLLM
-    started with exactly that file and measured against the same plain server. `bench_kw`: the
-    BenchConfig fields of the workload (target, workload, n_per_category, seed, max_tokens; the
-    pilot's max_tokens under "pilot_tokens"). Returns {"predicted", "best", "measured"}."""
+    predicted (predict_fixed_k) over the workload and per prompt category, the best that slows no
+    category (choose_k) written as vllm_speculative_config.json, then vLLM started with exactly
+    that file and measured against the same plain server. `bench_kw`: the BenchConfig fields of
+    the workload (target, workload, n_per_category, seed, max_tokens; the pilot's max_tokens under
+    "pilot_tokens"). Returns {"predicted", "per_category", "best", "measured"}."""
     from draftwise.bench import BenchConfig, run_bench, summarise, write_report
     from draftwise.peers import Server, vllm_command, vllm_spec
 
@@ -215,23 +228,30 @@ def plan_vllm(target: str, method: str, k: int, draft_model: str, bench_kw: dict
             log(f"plain vLLM up; pilot: {method} with k = {k}")
             with Server(cmd(port + 1, vllm_spec(method, k, draft_model)), port + 1, log=vlog) as pilot:
                 pdir = bench({"plain": plain.url, name: pilot.url}, "pilot", pilot_tokens)
-            base = EndpointRun.read(Path(pdir) / "requests.jsonl", "plain")
+            rec = Path(pdir) / "requests.jsonl"
+            base, run = EndpointRun.read(rec, "plain"), EndpointRun.read(rec, name)
             step_s = base.decode_s / max(base.decode_tokens, 1)
-            run = EndpointRun.read(Path(pdir) / "requests.jsonl", name)
             pred = predict_fixed_k(base, run, k)
-            best = max(pred, key=pred.get)
+            cats = sorted({json.loads(x).get("category") for x in rec.read_text().splitlines()} - {None})
+            per_cat = {c: predict_fixed_k(EndpointRun.read(rec, "plain", category=c),
+                                          EndpointRun.read(rec, name, category=c), k) for c in cats}
+            best = choose_k(pred, per_cat)
             log(f"plain step {1e3 * step_s:.1f} ms; pilot: {run.rounds} rounds, {run.plain_steps} plain steps, "
                 f"accepted per position {run.accepted_per_position}")
             log("predicted speedup per K (end to end): " + "  ".join(f"K={d}: {v:.2f}x" for d, v in pred.items()))
+            for c, p in per_cat.items():
+                log(f"  {c}: " + "  ".join(f"K={d}: {v:.2f}x" for d, v in p.items()))
             doc = {"kind": "plan-prediction", "engine": "vllm", "hardware": hardware(), "target": target,
                    "method": method, "pilot_k": k, "plain_step_ms": 1e3 * step_s,
                    "pilot": {"rounds": run.rounds, "plain_steps": run.plain_steps,
                              "accepted_per_position": run.accepted_per_position},
-                   "predicted_speedup": {str(d): v for d, v in pred.items()}, "best_k": best}
+                   "predicted_speedup": {str(d): v for d, v in pred.items()},
+                   "predicted_speedup_per_category": {c: {str(d): v for d, v in p.items()} for c, p in per_cat.items()},
+                   "best_k": best}
             (out_dir / "plan_predictions.json").write_text(json.dumps(doc, indent=1))
-            result = {"predicted": pred, "best": best, "measured": None}
+            result = {"predicted": pred, "per_category": per_cat, "best": best, "measured": None}
             if best == 0:
-                log("speculation does not pay here: serve vLLM without --speculative-config")
+                log("no K is predicted to slow no category: serve vLLM without --speculative-config")
                 return result
             path = out_dir / "vllm_speculative_config.json"
             path.write_text(json.dumps(vllm_spec(method, best, draft_model)) + "\n")
@@ -248,4 +268,7 @@ def plan_vllm(target: str, method: str, k: int, draft_model: str, bench_kw: dict
     result["measured"] = (row.speedup, row.speedup_lo, row.speedup_hi)
     log(f"{chosen}: predicted {pred[best]:.2f}x, measured {row.speedup:.2f}x [{row.speedup_lo:.2f}, {row.speedup_hi:.2f}] "
         f"(outputs: {len(s.mismatches)} of {s.checked} differ from plain)")
+    for c, p in per_cat.items():
+        r = next(x for x in s.rows if x.scope == f"category:{c}" and x.config == chosen)
+        log(f"  {c}: predicted {p[best]:.2f}x, measured {r.speedup:.2f}x [{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]")
     return result

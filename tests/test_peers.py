@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from draftwise.peers import VLLM_SERVE, Server, vllm_command, vllm_spec
-from draftwise.plan import EndpointRun, predict_fixed_k
+from draftwise.plan import EndpointRun, choose_k, predict_fixed_k
 
 
 def test_a_pilot_at_k_predicts_every_shorter_k_by_hand():
@@ -30,22 +30,36 @@ def test_a_pilot_at_k_predicts_every_shorter_k_by_hand():
 
 
 def test_an_endpoint_run_is_read_from_a_bench_of_the_engine(tmp_path):
-    rows = [{"kind": "meta"},
-            {"kind": "request", "config": "ngram4", "concurrency": 1, "ttft_s": 0.5, "e2e_s": 2.5, "emitted_tokens": 31},
-            {"kind": "request", "config": "ngram4", "concurrency": 1, "ttft_s": 0.5, "e2e_s": 3.5, "emitted_tokens": 31},
-            {"kind": "request", "config": "ngram4", "concurrency": 4, "ttft_s": 0.5, "e2e_s": 9.0, "emitted_tokens": 31},
-            {"kind": "request", "config": "plain", "concurrency": 1, "ttft_s": 0.5, "e2e_s": 3.5, "emitted_tokens": 31},
-            {"kind": "server", "config": "ngram4", "concurrency": 1,
+    def req(pid, cat, conc, e2e, config="ngram4"):
+        return {"kind": "request", "config": config, "concurrency": conc, "prompt_id": pid, "category": cat,
+                "ttft_s": 0.5, "e2e_s": e2e, "emitted_tokens": 31}
+    rows = [{"kind": "meta"}, req("e/1", "editeval", 1, 2.5), req("w/1", "writing", 1, 3.5),
+            req("e/1", "editeval", 4, 9.0), req("e/1", "editeval", 1, 3.5, "plain"),
+            {"kind": "server", "config": "ngram4", "concurrency": 1, "prompt_ids": ["e/1"],
              "stats": {"verification_rounds": 6, "accepted_per_position": [5, 3, 1]}},
-            {"kind": "server", "config": "ngram4", "concurrency": 1,
+            {"kind": "server", "config": "ngram4", "concurrency": 1, "prompt_ids": ["w/1"],
              "stats": {"verification_rounds": 4, "accepted_per_position": [3, 3, 2, 1]}}]
     path = tmp_path / "requests.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     run = EndpointRun.read(path, "ngram4")
     assert (run.decode_s, run.decode_tokens, run.prefill_s, run.requests, run.rounds) == (5.0, 60, 1.0, 2, 10)
     assert run.accepted_per_position == [8, 6, 3, 1] and run.plain_steps == 32
+    code = EndpointRun.read(path, "ngram4", category="editeval")  # its request and its group's counters
+    assert (code.decode_s, code.decode_tokens, code.rounds, code.accepted_per_position) == (2.0, 30, 6, [5, 3, 1])
     with pytest.raises(ValueError, match="no requests of 'ngram8'"):
         EndpointRun.read(path, "ngram8")
+    with pytest.raises(ValueError, match="in category 'qa'"):
+        EndpointRun.read(path, "ngram4", category="qa")
+
+
+def test_the_exported_k_slows_no_category():
+    pred = {0: 1.0, 1: 1.2, 2: 1.3, 3: 1.25}
+    assert choose_k(pred, {}) == 2
+    # code gains at every K, chat only up to K = 1: the workload's best K = 2 would slow chat
+    per_cat = {"code": {0: 1.0, 1: 1.5, 2: 1.7, 3: 1.6}, "chat": {0: 1.0, 1: 1.0, 2: 0.96, 3: 0.9}}
+    assert choose_k(pred, per_cat) == 1
+    per_cat["chat"][1] = 0.99  # every K slows chat: no speculation
+    assert choose_k(pred, per_cat) == 0
 
 
 def test_vllm_commands_and_speculative_configs():
