@@ -228,6 +228,9 @@ def plan_vllm(target: str, method: str, k: int, draft_model: str, bench_kw: dict
             log(f"plain vLLM up; pilot: {method} with k = {k}")
             with Server(cmd(port + 1, vllm_spec(method, k, draft_model)), port + 1, log=vlog) as pilot:
                 pdir = bench({"plain": plain.url, name: pilot.url}, "pilot", pilot_tokens)
+            ps = summarise(pdir)
+            ps.save(pdir)
+            write_report(ps, Path(pdir) / "report.html")
             rec = Path(pdir) / "requests.jsonl"
             base, run = EndpointRun.read(rec, "plain"), EndpointRun.read(rec, name)
             step_s = base.decode_s / max(base.decode_tokens, 1)
@@ -251,7 +254,7 @@ def plan_vllm(target: str, method: str, k: int, draft_model: str, bench_kw: dict
             (out_dir / "plan_predictions.json").write_text(json.dumps(doc, indent=1))
             result = {"predicted": pred, "per_category": per_cat, "best": best, "measured": None}
             if best == 0:
-                log("no K is predicted to slow no category: serve vLLM without --speculative-config")
+                log("every K is predicted to slow a category: serve vLLM without --speculative-config")
                 return result
             path = out_dir / "vllm_speculative_config.json"
             path.write_text(json.dumps(vllm_spec(method, best, draft_model)) + "\n")
