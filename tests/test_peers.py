@@ -1,7 +1,9 @@
 """Peer engines started by draftwise (draftwise.peers) and `plan --engine vllm`'s prediction."""
 import json
+import os
 import socket
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +99,22 @@ def test_a_server_is_waited_for_and_stopped(tmp_path):
     with pytest.raises(FileNotFoundError, match="setup_peers.sh"):
         with Server([str(tmp_path / "vllm-serve")], _free_port()):
             pass
+
+
+PEERS = os.environ.get("DRAFTWISE_PEER_TESTS") == "1"
+
+
+@pytest.mark.skipif(not PEERS or not Path(VLLM_SERVE).exists(),
+                    reason="opt-in: DRAFTWISE_PEER_TESTS=1 with vLLM installed (scripts/setup_peers.sh vllm)")
+def test_vllm_serves_a_bench_and_its_counters_are_read(tmp_path):
+    """The real vLLM (~2 minutes, ~8 GB): one EditEval prompt through `bench --endpoint` against
+    vLLM with n-gram K = 4, its counters read in draftwise's words."""
+    from draftwise.bench import BenchConfig, run_bench, summarise
+
+    port = _free_port()
+    with Server(vllm_command("qwen2.5-coder-1.5b", port, 2048, 1, vllm_spec("ngram", 4)), port) as s:
+        cfg = BenchConfig(target="qwen2.5-coder-1.5b", workload="editeval", n_per_category=1, max_tokens=32,
+                          endpoints={"ngram4": s.url}, out_dir=str(tmp_path / "b"), baseline="ngram4")
+        run_bench(cfg, progress=False)
+    row = next(r for r in summarise(cfg.out_dir).rows if r.scope == "all")
+    assert row.emitted_tokens == 32 and row.per_position_acceptance and row.acceptance_length >= 1.0
