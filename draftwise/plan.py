@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from draftwise.bench.results import Results
 from draftwise.engine import Engine
 from draftwise.request import GenerationResult
 from draftwise.planner import Planner
@@ -85,24 +86,24 @@ class EndpointRun:
         return self.decode_tokens - self.rounds - sum(self.accepted_per_position)
 
     @classmethod
-    def read(cls, results: str | Path, config: str, concurrency: int = 1, category: str | None = None) -> EndpointRun:
-        """From a bench's requests.jsonl: the configuration's requests at that concurrency (of one
-        prompt category) and the engine counters read around them (around each request group:
-        a group with a request of another category is left out)."""
-        recs = [json.loads(line) for line in Path(results).read_text().splitlines() if line.strip()]
-        mine = [r for r in recs if r.get("config") == config and r.get("concurrency") == concurrency]
-        reqs = [r for r in mine if r["kind"] == "request" and r.get("ttft_s") is not None
-                and category in (None, r.get("category"))]
+    def of(cls, res: Results, config: str, concurrency: int = 1, category: str | None = None) -> EndpointRun:
+        """From a bench's results (draftwise.bench.results): the configuration's requests at that
+        concurrency (of one prompt category) and the engine counters read around them (around
+        each request group: a group with a request of another category is left out)."""
+        reqs = [r for r in res.requests.values() if r["config"] == config and r["concurrency"] == concurrency
+                and r.get("ttft_s") is not None and category in (None, r.get("category"))]
         if not reqs:
-            raise ValueError(f"{results}: no requests of {config!r} at concurrency {concurrency}"
+            raise ValueError(f"no requests of {config!r} at concurrency {concurrency}"
                              + (f" in category {category!r}" if category else ""))
         ids = {r["prompt_id"] for r in reqs}
-        mine = [r for r in mine if r["kind"] != "server" or set(r.get("prompt_ids") or []) <= ids]
         run = cls(sum(r["e2e_s"] - r["ttft_s"] for r in reqs), sum(r["emitted_tokens"] - 1 for r in reqs),
                   sum(r["ttft_s"] for r in reqs), len(reqs))
-        for s in (r["stats"] for r in mine if r["kind"] == "server" and r.get("stats")):
-            run.rounds += s.get("verification_rounds", 0)
-            acc = s.get("accepted_per_position") or []
+        for srv in res.servers.values():
+            if srv["config"] != config or srv["concurrency"] != concurrency or not srv.get("stats") \
+                    or not set(srv.get("prompt_ids") or []) <= ids:
+                continue
+            run.rounds += srv["stats"].get("verification_rounds", 0)
+            acc = srv["stats"].get("accepted_per_position") or []
             run.accepted_per_position += [0] * (len(acc) - len(run.accepted_per_position))
             for i, a in enumerate(acc):
                 run.accepted_per_position[i] += a
@@ -231,13 +232,13 @@ def plan_vllm(target: str, method: str, k: int, draft_model: str, bench_kw: dict
             ps = summarise(pdir)
             ps.save(pdir)
             write_report(ps, Path(pdir) / "report.html")
-            rec = Path(pdir) / "requests.jsonl"
-            base, run = EndpointRun.read(rec, "plain"), EndpointRun.read(rec, name)
+            res = Results.load(pdir)
+            base, run = EndpointRun.of(res, "plain"), EndpointRun.of(res, name)
             step_s = base.decode_s / max(base.decode_tokens, 1)
             pred = predict_fixed_k(base, run, k)
-            cats = sorted({json.loads(x).get("category") for x in rec.read_text().splitlines()} - {None})
-            per_cat = {c: predict_fixed_k(EndpointRun.read(rec, "plain", category=c),
-                                          EndpointRun.read(rec, name, category=c), k) for c in cats}
+            cats = sorted({r.get("category") for r in res.requests.values()} - {None})
+            per_cat = {c: predict_fixed_k(EndpointRun.of(res, "plain", category=c),
+                                          EndpointRun.of(res, name, category=c), k) for c in cats}
             best = choose_k(pred, per_cat)
             log(f"plain step {1e3 * step_s:.1f} ms; pilot: {run.rounds} rounds, {run.plain_steps} plain steps, "
                 f"accepted per position {run.accepted_per_position}")

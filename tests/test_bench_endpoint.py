@@ -262,6 +262,41 @@ def test_logprobs_give_token_positions_and_margins(tmp_path, api):
 
 
 LLAMA_SERVER = Path(__file__).parent / "data" / "llama_server"
+VLLM = Path(__file__).parent / "data" / "vllm"
+
+
+def replay(recorded: Path, model: str) -> tuple[dict, float]:
+    """One request through EndpointTarget against a server that answers with an engine's recorded
+    /metrics (metrics_after.txt) and stream (stream.txt): (the request's record, drafts counted)."""
+    stream = (recorded / "stream.txt").read_bytes()
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a): ...
+
+        def do_GET(self):
+            body = (recorded / "metrics_after.txt").read_bytes() if self.path == "/metrics" \
+                else json.dumps({"data": [{"id": model}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(stream)))
+            self.end_headers()
+            self.wfile.write(stream)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        t = EndpointTarget(f"http://127.0.0.1:{srv.server_address[1]}/v1", logprobs=True)
+        return t.run_one(PROMPT, [1, 2, 3], KW), t.counters()["drafts"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_llama_server_counters_and_timings_from_recorded_responses():
@@ -275,42 +310,11 @@ def test_llama_server_counters_and_timings_from_recorded_responses():
     assert (st.verification_rounds, st.proposed_tokens, st.accepted_draft_tokens) == (1, 20, 7)
     assert st.acceptance_length == pytest.approx(8.0) and st.proposed_per_position == []
     assert st.accepted_per_position[:8] == [1] * 7 + [0]
-    stream = (LLAMA_SERVER / "stream.txt").read_bytes()
-
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a): ...
-
-        def do_GET(self):
-            body = (LLAMA_SERVER / "metrics_after.txt").read_bytes() if self.path == "/metrics" \
-                else json.dumps({"data": [{"id": "smollm2"}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Content-Length", str(len(stream)))
-            self.end_headers()
-            self.wfile.write(stream)
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        t = EndpointTarget(f"http://127.0.0.1:{srv.server_address[1]}/v1", logprobs=True)
-        rec = t.run_one(PROMPT, [1, 2, 3], KW)
-        assert t.counters()["drafts"] == 1
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    rec, drafts = replay(LLAMA_SERVER, "smollm2")
+    assert drafts == 1
     assert rec["server_draft"] == {"draft_n": 20, "draft_n_accepted": 7}
     assert rec["emitted_tokens"] == 60 and rec["tokens_from"] == "usage" and rec["text"].startswith("1.")
     assert rec["tokens"][:2] == ["1", "."] and rec["margins"][0] == pytest.approx(3.006366 - 0.120647, abs=1e-5)
-
-
-VLLM = Path(__file__).parent / "data" / "vllm"
 
 
 def test_vllm_counters_and_stream_from_recorded_responses():
@@ -324,36 +328,8 @@ def test_vllm_counters_and_stream_from_recorded_responses():
     assert (st.verification_rounds, st.proposed_tokens, st.accepted_draft_tokens) == (8, 32, 25)
     assert st.proposed_per_position == [8] * 4 and st.accepted_per_position == [7, 7, 6, 5]
     assert st.acceptance_length == pytest.approx(33 / 8)
-    stream = (VLLM / "stream.txt").read_bytes()
-
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a): ...
-
-        def do_GET(self):
-            body = (VLLM / "metrics_after.txt").read_bytes() if self.path == "/metrics" \
-                else json.dumps({"data": [{"id": "qwen2.5-coder-1.5b"}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Content-Length", str(len(stream)))
-            self.end_headers()
-            self.wfile.write(stream)
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        t = EndpointTarget(f"http://127.0.0.1:{srv.server_address[1]}/v1", logprobs=True)
-        rec = t.run_one(PROMPT, [1, 2, 3], KW)
-        assert t.counters()["drafts"] == 8
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    rec, drafts = replay(VLLM, "qwen2.5-coder-1.5b")
+    assert drafts == 8
     assert rec["emitted_tokens"] == 40 and rec["tokens_from"] == "usage" and rec["text"].startswith("def")
     assert len(rec["tokens"]) == 40 and len(rec["itl_s"]) == 18  # 19 chunks of tokens: a time between each
     assert rec["tokens"][0] == "def" and rec["margins"][0] == pytest.approx(-0.2604987 + 1.5104988, abs=1e-5)

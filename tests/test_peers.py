@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from draftwise.bench.results import Results
 from draftwise.peers import VLLM_SERVE, Server, vllm_command, vllm_spec
 from draftwise.plan import EndpointRun, choose_k, predict_fixed_k
 
@@ -42,16 +43,17 @@ def test_an_endpoint_run_is_read_from_a_bench_of_the_engine(tmp_path):
             {"kind": "server", "config": "ngram4", "concurrency": 1, "prompt_ids": ["w/1"],
              "stats": {"verification_rounds": 4, "accepted_per_position": [3, 3, 2, 1]}}]
     path = tmp_path / "requests.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    run = EndpointRun.read(path, "ngram4")
+    path.write_text("\n".join(json.dumps({"key": str(i), **r}) for i, r in enumerate(rows)) + "\n")
+    res = Results.load(path)
+    run = EndpointRun.of(res, "ngram4")
     assert (run.decode_s, run.decode_tokens, run.prefill_s, run.requests, run.rounds) == (5.0, 60, 1.0, 2, 10)
     assert run.accepted_per_position == [8, 6, 3, 1] and run.plain_steps == 32
-    code = EndpointRun.read(path, "ngram4", category="editeval")  # its request and its group's counters
+    code = EndpointRun.of(res, "ngram4", category="editeval")  # its request and its group's counters
     assert (code.decode_s, code.decode_tokens, code.rounds, code.accepted_per_position) == (2.0, 30, 6, [5, 3, 1])
     with pytest.raises(ValueError, match="no requests of 'ngram8'"):
-        EndpointRun.read(path, "ngram8")
+        EndpointRun.of(res, "ngram8")
     with pytest.raises(ValueError, match="in category 'qa'"):
-        EndpointRun.read(path, "ngram4", category="qa")
+        EndpointRun.of(res, "ngram4", category="qa")
 
 
 def test_the_exported_k_slows_no_category():
