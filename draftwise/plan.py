@@ -78,6 +78,7 @@ class EndpointRun:
     prefill_s: float = 0.0  # sum over requests of the time to the first token
     requests: int = 1
     rounds: int = 0  # steps that verified a draft
+    proposed: int = 0  # draft tokens verified (0: unknown, k a round)
     accepted_per_position: list[int] = field(default_factory=list)  # [K] rounds whose draft token i was accepted
 
     @property
@@ -103,6 +104,7 @@ class EndpointRun:
                     or not set(srv.get("prompt_ids") or []) <= ids:
                 continue
             run.rounds += srv["stats"].get("verification_rounds", 0)
+            run.proposed += srv["stats"].get("proposed_tokens", 0)
             acc = srv["stats"].get("accepted_per_position") or []
             run.accepted_per_position += [0] * (len(acc) - len(run.accepted_per_position))
             for i, a in enumerate(acc):
@@ -115,21 +117,25 @@ def predict_fixed_k(plain: EndpointRun, pilot: EndpointRun, k: int) -> dict[int,
     at k (`pilot`) and its plain run on the same requests: the pilot's rounds would accept the
     first K' of the same tokens (prefix-consistent drafts, as the replay above), its steps without
     a draft stay plain steps (the plain run's seconds per token), and a round's seconds beyond a
-    plain step grow linearly from K' = 0 to the pilot's measured round (drafting and verifying K'
-    tokens; from outside the engine no other point of its cost curve is measured). End to end:
-    each run's own time to the first token is added (an engine set up to speculate can take
-    longer to its first token: vLLM's CPU build here ~0.7 against ~0.4 s)."""
+    plain step grow linearly in the tokens it drafts, from none to the pilot's measured round (from
+    outside the engine no other point of its cost curve is measured). An engine whose drafts vary
+    in length (llama-server's) drafted L = proposed / rounds tokens a round on average; at K' a
+    round is priced at min(L, K') tokens, no less than the rounds' mean of min(L_r, K') (min is
+    concave), so that prediction errs slow. End to end: each run's own time to the first token is
+    added (an engine set up to speculate can take longer to its first token: vLLM's CPU build here
+    ~0.7 against ~0.4 s)."""
     out = {0: 1.0}
     if pilot.rounds == 0:
         return out
     step_s = plain.decode_s / max(plain.decode_tokens, 1)
     steps = pilot.plain_steps
     round_s = (pilot.decode_s - steps * step_s) / pilot.rounds
+    mean_len = pilot.proposed / pilot.rounds if pilot.proposed else k
     acc = pilot.accepted_per_position + [0] * k
     plain_s = plain.prefill_s / plain.requests + pilot.decode_tokens / pilot.requests * step_s
     for d in range(1, k + 1):
         tokens = steps + pilot.rounds + sum(acc[:d])
-        seconds = steps * step_s + pilot.rounds * (step_s + (round_s - step_s) * d / k)
+        seconds = steps * step_s + pilot.rounds * (step_s + (round_s - step_s) * min(mean_len, d) / mean_len)
         out[d] = plain_s / (pilot.prefill_s / pilot.requests + seconds * pilot.decode_tokens / tokens / pilot.requests)
     return out
 
@@ -201,18 +207,32 @@ def choose_k(pred: dict[int, float], per_category: dict[str, dict[int, float]]) 
     return max(ok, key=lambda d: (pred[d], -d), default=0)
 
 
-def plan_vllm(target: str, method: str, k: int, draft_model: str, bench_kw: dict, out_dir: Path,
+def plan_peer(engine: str, target: str, method: str, k: int, draft_model: str, bench_kw: dict, out_dir: Path,
               port: int = 8401, max_context: int = 2048, measure: bool = True, log=print) -> dict:
-    """`draftwise plan --engine vllm`: plain vLLM and vLLM drafting k tokens (`method` ngram or
-    draft) measured side by side at concurrency 1 (the pilot), the speedup of every K' <= k
-    predicted (predict_fixed_k) over the workload and per prompt category, the best that slows no
-    category (choose_k) written as vllm_speculative_config.json, then vLLM started with exactly
-    that file and measured against the same plain server. `bench_kw`: the BenchConfig fields of
-    the workload (target, workload, n_per_category, seed, max_tokens; the pilot's max_tokens under
-    "pilot_tokens"). Returns {"predicted", "per_category", "best", "measured"}."""
+    """`draftwise plan --engine vllm|llama-server`: the plain engine and the engine drafting at
+    most k tokens a round (vLLM: `method` ngram or draft; llama-server: ngram-simple, ngram-mod or
+    draft, peers.llama_spec) measured side by side at concurrency 1 (the pilot), the speedup of
+    every K' <= k predicted (predict_fixed_k) over the workload and per prompt category, the best
+    that slows no category (choose_k) written as the engine's setting (vLLM:
+    vllm_speculative_config.json; llama-server: llama_server_flags.txt), then the engine started
+    with exactly that setting and measured against the same plain server. `bench_kw`: the
+    BenchConfig fields of the workload (target, workload, n_per_category, seed, max_tokens; the
+    pilot's max_tokens under "pilot_tokens"). Returns {"predicted", "per_category", "best",
+    "measured"}."""
     from draftwise.bench import BenchConfig, run_bench, summarise, write_report
-    from draftwise.peers import Server, vllm_command, vllm_spec
+    from draftwise.peers import Server, llama_server_command, llama_spec, vllm_command, vllm_spec
 
+    if engine == "vllm":
+        spec = lambda d: vllm_spec(method, d, draft_model)  # noqa: E731
+        cmd = lambda p, s: vllm_command(target, p, max_context, 1, s)  # noqa: E731
+        setting, write = "vllm_speculative_config.json", lambda s: json.dumps(s) + "\n"  # noqa: E731
+    elif engine == "llama-server":
+        spec = lambda d: llama_spec(method, d, draft_model)  # noqa: E731
+        cmd = lambda p, s: llama_server_command(target, p, max_context, 1, s)  # noqa: E731
+        setting, write = "llama_server_flags.txt", lambda s: " ".join(s) + "\n"  # noqa: E731
+    else:
+        raise ValueError(f"plan --engine {engine!r}: expected vllm or llama-server")
+    spec(k)  # a bad method or k fails here, before any server starts
     out_dir.mkdir(parents=True, exist_ok=True)
     kw = dict(bench_kw)
     pilot_tokens = kw.pop("pilot_tokens", kw.get("max_tokens", 64))
@@ -223,11 +243,10 @@ def plan_vllm(target: str, method: str, k: int, draft_model: str, bench_kw: dict
         run_bench(cfg, progress=False)
         return cfg.out_dir
 
-    with open(out_dir / "vllm.log", "ab") as vlog:
-        cmd = lambda p, spec: vllm_command(target, p, max_context, 1, spec)  # noqa: E731
-        with Server(cmd(port, None), port, log=vlog) as plain:
-            log(f"plain vLLM up; pilot: {method} with k = {k}")
-            with Server(cmd(port + 1, vllm_spec(method, k, draft_model)), port + 1, log=vlog) as pilot:
+    with open(out_dir / f"{engine}.log", "ab") as elog:
+        with Server(cmd(port, None), port, log=elog) as plain:
+            log(f"plain {engine} up; pilot: {method} drafting up to k = {k}")
+            with Server(cmd(port + 1, spec(k)), port + 1, log=elog) as pilot:
                 pdir = bench({"plain": plain.url, name: pilot.url}, "pilot", pilot_tokens)
             ps = summarise(pdir)
             ps.save(pdir)
@@ -240,31 +259,31 @@ def plan_vllm(target: str, method: str, k: int, draft_model: str, bench_kw: dict
             per_cat = {c: predict_fixed_k(EndpointRun.of(res, "plain", category=c),
                                           EndpointRun.of(res, name, category=c), k) for c in cats}
             best = choose_k(pred, per_cat)
-            log(f"plain step {1e3 * step_s:.1f} ms; pilot: {run.rounds} rounds, {run.plain_steps} plain steps, "
-                f"accepted per position {run.accepted_per_position}")
+            log(f"plain step {1e3 * step_s:.1f} ms; pilot: {run.rounds} rounds ({run.proposed} tokens drafted), "
+                f"{run.plain_steps} plain steps, accepted per position {run.accepted_per_position}")
             log("predicted speedup per K (end to end): " + "  ".join(f"K={d}: {v:.2f}x" for d, v in pred.items()))
             for c, p in per_cat.items():
                 log(f"  {c}: " + "  ".join(f"K={d}: {v:.2f}x" for d, v in p.items()))
-            doc = {"kind": "plan-prediction", "engine": "vllm", "hardware": hardware(), "target": target,
+            doc = {"kind": "plan-prediction", "engine": engine, "hardware": hardware(), "target": target,
                    "method": method, "pilot_k": k, "plain_step_ms": 1e3 * step_s,
-                   "pilot": {"rounds": run.rounds, "plain_steps": run.plain_steps,
+                   "pilot": {"rounds": run.rounds, "proposed": run.proposed, "plain_steps": run.plain_steps,
                              "accepted_per_position": run.accepted_per_position},
                    "predicted_speedup": {str(d): v for d, v in pred.items()},
                    "predicted_speedup_per_category": {c: {str(d): v for d, v in p.items()} for c, p in per_cat.items()},
-                   "best_k": best}
+                   "best_k": best, "setting": spec(best) if best else None}
             (out_dir / "plan_predictions.json").write_text(json.dumps(doc, indent=1))
             result = {"predicted": pred, "per_category": per_cat, "best": best, "measured": None}
             if best == 0:
-                log("every K is predicted to slow a category: serve vLLM without --speculative-config")
+                log(f"every K is predicted to slow a category: serve {engine} without speculation")
                 return result
-            path = out_dir / "vllm_speculative_config.json"
-            path.write_text(json.dumps(vllm_spec(method, best, draft_model)) + "\n")
+            path = out_dir / setting
+            path.write_text(write(spec(best)))
             log(f"wrote {path}")
             if not measure:
                 return result
             chosen = f"{method}{best}"
-            with Server(cmd(port + 1, path.read_text().strip()), port + 1, log=vlog) as spec:
-                mdir = bench({"plain": plain.url, chosen: spec.url}, "measured", kw.get("max_tokens", 64))
+            with Server(cmd(port + 1, spec(best)), port + 1, log=elog) as spec_srv:
+                mdir = bench({"plain": plain.url, chosen: spec_srv.url}, "measured", kw.get("max_tokens", 64))
     s = summarise(mdir)
     s.save(mdir)
     write_report(s, Path(mdir) / "report.html")

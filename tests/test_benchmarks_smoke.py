@@ -11,7 +11,7 @@ import torch
 from draftwise.bench import BenchConfig, run_bench
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
-from draftwise.peers import VLLM_SERVE
+from draftwise.peers import LLAMA_SERVER, VLLM_SERVE
 from draftwise.planner import CostCurve, Planner
 from draftwise.profile import profile_runner
 from draftwise.prompts import Prompt
@@ -179,12 +179,24 @@ def test_server_bench_commands(capsys):
     peer = server.parse_args(["--engine", "llama-server", "--draft-model", "smollm2-135m", "--concurrency", "1", "4"])
     servers, bench = server.commands(peer)
     assert list(servers) == ["plain", "ngram-simple", "ngram-mod", "draft"]
-    assert servers["plain"][0] == server.LLAMA_SERVER and "--metrics" in servers["plain"]
+    assert servers["plain"][0] == LLAMA_SERVER and "--metrics" in servers["plain"]
     assert servers["plain"][servers["plain"].index("-np") + 1] == "4"
     assert servers["ngram-mod"][servers["ngram-mod"].index("--spec-type") + 1] == "ngram-mod"
     assert servers["draft"][servers["draft"].index("--spec-draft-model") + 1].endswith(".gguf")
-    with pytest.raises(SystemExit, match="expected plain, draft or one of"):
+    with pytest.raises(SystemExit, match="expected plain, draft.K. or one of"):
         server.commands(server.parse_args(["--engine", "llama-server", "--configs", "plain", "ngram-fast"]))
+    sized = server.commands(server.parse_args(["--engine", "llama-server", "--configs", "plain", "ngram-simple16",
+                                               "draft4"]))[0]
+    assert sized["ngram-simple16"][-6:] == ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", "16",
+                                            "--port", "8302"]
+    assert sized["draft4"][sized["draft4"].index("--spec-draft-n-max") + 1] == "4"
+    mixed = server.commands(server.parse_args(["--engine", "llama-server", "--configs", "plain", "draftwise-auto",
+                                               "--serve-args", "--spec-draft-p-min 0.5"]))[0]
+    assert mixed["draftwise-auto"][mixed["draftwise-auto"].index("--num-draft-tokens") + 1] == "auto"
+    assert "serve" in mixed["draftwise-auto"] and "--spec-draft-p-min" not in mixed["draftwise-auto"]
+    assert mixed["plain"][0] == LLAMA_SERVER and "--spec-draft-p-min" in mixed["plain"]
+    with pytest.raises(SystemExit, match="ngram-cache.*no draft length"):
+        server.commands(server.parse_args(["--engine", "llama-server", "--configs", "plain", "ngram-cache8"]))
     vllm = server.parse_args(["--engine", "vllm", "--model", "qwen2.5-coder-1.5b", "--configs", "plain", "ngram8",
                               "draft", "--concurrency", "1", "4"])
     servers, bench = server.commands(vllm)

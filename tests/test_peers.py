@@ -1,4 +1,4 @@
-"""Peer engines started by draftwise (draftwise.peers) and `plan --engine vllm`'s prediction."""
+"""Peer engines started by draftwise (draftwise.peers) and `plan --engine vllm|llama-server`'s prediction."""
 import json
 import os
 import socket
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from draftwise.bench.results import Results
-from draftwise.peers import VLLM_SERVE, Server, vllm_command, vllm_spec
+from draftwise.peers import LLAMA_SERVER, VLLM_SERVE, Server, llama_server_command, llama_spec, vllm_command, vllm_spec
 from draftwise.plan import EndpointRun, choose_k, predict_fixed_k
 
 
@@ -32,6 +32,20 @@ def test_a_pilot_at_k_predicts_every_shorter_k_by_hand():
     assert predict_fixed_k(plain, EndpointRun(3.0, 30), 4) == {0: 1.0}  # it never drafted: nothing to predict
 
 
+def test_drafts_of_varying_length_are_priced_at_their_mean_length_up_to_k():
+    """llama-server drafts until its lookup fails: the pilot at K = 8 drafted 40 tokens in 10
+    rounds (L = 4 a round). The same runs as above otherwise: a round costs 100 ms more than a
+    plain step with its 4 tokens, so at K' it costs 100 ms + 100 ms x min(4, K') / 4; at K' >= 4
+    it is the pilot's round."""
+    plain = EndpointRun(decode_s=6.0, decode_tokens=60, prefill_s=1.0, requests=2)
+    run = EndpointRun(decode_s=5.0, decode_tokens=60, prefill_s=2.0, requests=2, rounds=10, proposed=40,
+                      accepted_per_position=[8, 6, 4, 2])
+    pred = predict_fixed_k(plain, run, 8)
+    assert pred[2] == pytest.approx(3.5 / (1.0 + 4.5 * 60 / 54 / 2))
+    assert pred[4] == pred[8] == pytest.approx(1.0)  # positions 5..8 accepted nothing and cost nothing more
+    assert pred[6] == pytest.approx(1.0)
+
+
 def test_an_endpoint_run_is_read_from_a_bench_of_the_engine(tmp_path):
     def req(pid, cat, conc, e2e, config="ngram4"):
         return {"kind": "request", "config": config, "concurrency": conc, "prompt_id": pid, "category": cat,
@@ -39,7 +53,7 @@ def test_an_endpoint_run_is_read_from_a_bench_of_the_engine(tmp_path):
     rows = [{"kind": "meta"}, req("e/1", "editeval", 1, 2.5), req("w/1", "writing", 1, 3.5),
             req("e/1", "editeval", 4, 9.0), req("e/1", "editeval", 1, 3.5, "plain"),
             {"kind": "server", "config": "ngram4", "concurrency": 1, "prompt_ids": ["e/1"],
-             "stats": {"verification_rounds": 6, "accepted_per_position": [5, 3, 1]}},
+             "stats": {"verification_rounds": 6, "proposed_tokens": 18, "accepted_per_position": [5, 3, 1]}},
             {"kind": "server", "config": "ngram4", "concurrency": 1, "prompt_ids": ["w/1"],
              "stats": {"verification_rounds": 4, "accepted_per_position": [3, 3, 2, 1]}}]
     path = tmp_path / "requests.jsonl"
@@ -47,7 +61,7 @@ def test_an_endpoint_run_is_read_from_a_bench_of_the_engine(tmp_path):
     res = Results.load(path)
     run = EndpointRun.of(res, "ngram4")
     assert (run.decode_s, run.decode_tokens, run.prefill_s, run.requests, run.rounds) == (5.0, 60, 1.0, 2, 10)
-    assert run.accepted_per_position == [8, 6, 3, 1] and run.plain_steps == 32
+    assert run.accepted_per_position == [8, 6, 3, 1] and run.plain_steps == 32 and run.proposed == 18
     code = EndpointRun.of(res, "ngram4", category="editeval")  # its request and its group's counters
     assert (code.decode_s, code.decode_tokens, code.rounds, code.accepted_per_position) == (2.0, 30, 6, [5, 3, 1])
     with pytest.raises(ValueError, match="no requests of 'ngram8'"):
@@ -78,6 +92,36 @@ def test_vllm_commands_and_speculative_configs():
     cmd = vllm_command("qwen2.5-coder-1.5b", 9001, 2048, 1, text)  # a file's text goes as it is
     assert cmd[0] == VLLM_SERVE and cmd[cmd.index("--speculative-config") + 1] == text
     assert cmd[-2:] == ["--port", "9001"] and "--speculative-config" not in vllm_command("m", 1, 8, 1)
+
+
+def test_llama_server_commands_and_draft_lengths():
+    assert llama_spec("ngram-mod") == ["--spec-type", "ngram-mod"]  # llama.cpp's defaults
+    assert llama_spec("ngram-simple", 12)[2:] == ["--spec-ngram-simple-size-m", "12"]
+    # ngram-mod stops where its lookup fails; n-min 1 keeps the drafts a shorter limit cuts
+    assert llama_spec("ngram-mod", 8)[2:] == ["--spec-ngram-mod-n-max", "8", "--spec-ngram-mod-n-min", "1"]
+    draft = llama_spec("draft", 3, "smollm2-135m")
+    assert draft[:2] == ["--spec-type", "draft-simple"] and draft[3].endswith(".gguf") and draft[-2:] == ["--spec-draft-n-max", "3"]
+    with pytest.raises(ValueError, match="expected draft or one of"):
+        llama_spec("eagle", 3)
+    with pytest.raises(ValueError, match="no draft length planned"):
+        llama_spec("ngram-cache", 3)
+    with pytest.raises(ValueError, match="at least 1"):
+        llama_spec("ngram-simple", 0)
+    cmd = llama_server_command("smollm2-135m", 9001, 1024, 4, llama_spec("ngram-simple", 6))
+    assert cmd[0] == LLAMA_SERVER and cmd[cmd.index("-c") + 1] == "4096" and cmd[cmd.index("-np") + 1] == "4"
+    assert cmd[-2:] == ["--port", "9001"] and "--metrics" in cmd and "--spec-ngram-simple-size-m" in cmd
+
+
+def test_plan_refuses_a_bad_peer_setting_before_starting_a_server(tmp_path):
+    from draftwise.plan import plan_peer
+
+    with pytest.raises(ValueError, match="expected vllm or llama-server"):
+        plan_peer("sglang", "smollm2-135m", "ngram", 4, "smollm2-135m", {}, tmp_path)
+    with pytest.raises(ValueError, match="no draft length planned"):
+        plan_peer("llama-server", "smollm2-135m", "ngram-cache", 4, "smollm2-135m", {}, tmp_path)
+    with pytest.raises(ValueError, match="expected ngram or draft"):
+        plan_peer("vllm", "smollm2-135m", "ngram-simple", 4, "smollm2-135m", {}, tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing started, nothing written
 
 
 def _free_port() -> int:
