@@ -164,3 +164,14 @@ def test_vllm_serves_a_bench_and_its_counters_are_read(tmp_path):
         run_bench(cfg, progress=False)
     row = next(r for r in summarise(cfg.out_dir).rows if r.scope == "all")
     assert row.emitted_tokens == 32 and row.per_position_acceptance and row.acceptance_length >= 1.0
+
+
+def test_plan_for_a_peer_names_what_it_cannot_plan(tmp_path, capsys):
+    from draftwise import cli
+
+    out = ["--out", str(tmp_path / "p")]
+    assert cli.main(["plan", "--engine", "vllm", "--spec-type", "ngram-mod", *out]) == 2
+    assert "--spec-type is llama-server's" in capsys.readouterr().err
+    assert cli.main(["plan", "--engine", "llama-server", "--drafter", "suffix", *out]) == 2
+    assert "not --drafter suffix" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()
