@@ -51,13 +51,14 @@ def llama_server_flags(config: str, draft_model: str) -> list[str]:
 
 def vllm_flags(config: str, draft_model: str) -> dict | None:
     """`plain` -> None; `ngram` or `ngramK` (vLLM's prompt lookup, n = 2..4, K tokens, default 4),
-    `draft` or `draftK` (the draft model's Hugging Face export) -> its --speculative-config."""
+    `draft[K]` (the draft model's Hugging Face export), `eagle3[K]` (the packaged draft head as
+    EAGLE-3) -> its --speculative-config."""
     import re
     if config == "plain":
         return None
-    m = re.fullmatch(r"(ngram|draft)(\d*)", config)
+    m = re.fullmatch(r"(ngram|draft|eagle3)(\d*)", config)
     if m is None:
-        raise SystemExit(f"configuration {config!r}: expected plain, ngram[K] or draft[K]")
+        raise SystemExit(f"configuration {config!r}: expected plain, ngram[K], draft[K] or eagle3[K]")
     return vllm_spec(m.group(1), int(m.group(2) or 4), draft_model)
 
 

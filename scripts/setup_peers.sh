@@ -8,7 +8,8 @@
 #   transformers < 5.20; draftwise's needs 5.23) on the same local torch 2.13.0 CPU wheel, with Intel
 #   OpenMP, which its speculative decoding on CPU wants preloaded -> .peers/bin/vllm-serve (its
 #   OpenAI server, threads bound to this machine's cores), and the packaged Qwen2.5-Coder models
-#   exported to Hugging Face directories (`draftwise models export-hf`) -> .peers/hf/NAME
+#   exported to Hugging Face directories (`draftwise models export-hf`) -> .peers/hf/NAME, and the
+#   packaged draft head as an EAGLE-3 checkpoint (`models export-eagle3`) -> .peers/hf/NAME-head-eagle3
 # Usage: scripts/setup_peers.sh [llama-server] [vllm]     (default: llama-server)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,5 +67,7 @@ SH
     for m in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do
         [ -f .peers/hf/$m/config.json ] || $py -m draftwise.cli models export-hf $m .peers/hf/$m --dtype bfloat16
     done
+    h=.peers/hf/qwen2.5-coder-1.5b-head-eagle3  # the packaged draft head, as vLLM's EAGLE-3
+    [ -f $h/config.json ] || $py -m draftwise.cli models export-eagle3 qwen2.5-coder-1.5b-head .peers/hf/qwen2.5-coder-1.5b $h
     $v/bin/python -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1
 fi

@@ -191,3 +191,43 @@ def test_train_head_cli_end_to_end_and_resume(tmp_path, capsys):
     assert [e["step"] for e in log["epochs"]] == [steps, 2 * steps]
     runner, _ = load_runner("smollm2-135m", "torch", threads=2)
     assert load_head(out / "head", runner).config.draft_vocab_size == 512
+
+
+def test_a_head_exported_for_vllm_feeds_its_fc_the_same_normed_state(tmp_path, capsys):
+    """`models export-eagle3`: vLLM's EAGLE-3 hands the head the last layer's output before the
+    final norm; with norm_before_fc and the target's final norm as input_norm it computes
+    fc(input_norm(h)), what draftwise's head computes from the target's normed state."""
+    from draftwise.models.export import export_eagle3
+    from draftwise.models.head import RMSNorm
+
+    H, V, dv, L = 8, 40, 6, 5
+    g = torch.Generator().manual_seed(0)
+    table, norm_w = torch.randn(V, H, generator=g), torch.rand(H, generator=g) + 0.5
+    ids = torch.tensor([1, 4, 9, 16, 25, 36])  # the draft vocabulary's target ids
+    c = HeadConfig(H, 2, 1, 4, 16, V, dv, [], 1e-6, 10000.0)
+    head = new_head(c, table, table[ids], ids - torch.arange(dv))
+    save_head(head, tmp_path / "h", dtype=torch.float32)
+    hf = tmp_path / "target"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"num_hidden_layers": L, "hidden_size": H, "vocab_size": V}))
+    save_file({"model.norm.weight": norm_w, "model.embed_tokens.weight": table}, str(hf / "model.safetensors"))
+    assert cli.main(["models", "export-eagle3", str(tmp_path / "h"), str(hf), str(tmp_path / "v")]) == 0
+    cfg = json.loads((tmp_path / "v" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and "draftwise" not in cfg
+    assert cfg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [L], "use_aux_hidden_state": True,
+                                   "norm_before_fc": True}
+    from safetensors.torch import load_file
+    w = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(tmp_path / "v" / "model.safetensors")).items()}
+    assert torch.equal(w["d2t"], ids - torch.arange(dv))
+    assert torch.allclose(w["lm_head.weight"], table[ids].bfloat16().float())  # tied: the embedding's rows
+    for k, v in head.weights().items():
+        assert torch.allclose(w[k].float(), v.float().bfloat16().float()), k
+    h = torch.randn(3, H, generator=g)  # the target's last layer output, before its final norm
+    target_norm, input_norm = RMSNorm(H, 1e-6), RMSNorm(H, cfg["rms_norm_eps"])
+    target_norm.weight.data, input_norm.weight.data = norm_w, w["input_norm.weight"]
+    vllm_in = input_norm(h) @ w["fc.weight"].T
+    ours = head.fc(target_norm(h).bfloat16().float())
+    assert torch.allclose(vllm_in, ours, atol=0.05, rtol=0.02)
+    (hf / "config.json").write_text(json.dumps({"num_hidden_layers": L, "hidden_size": 16, "vocab_size": V}))
+    assert cli.main(["models", "export-eagle3", str(tmp_path / "h"), str(hf), str(tmp_path / "w")]) == 2
+    assert "hidden size 8 and 40 tokens; the target" in capsys.readouterr().err

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from draftwise.bench.results import Results
-from draftwise.peers import LLAMA_SERVER, VLLM_SERVE, Server, llama_server_command, llama_spec, vllm_command, vllm_spec
+from draftwise.peers import LLAMA_SERVER, VLLM_HEAD, VLLM_SERVE, Server, llama_server_command, llama_spec, vllm_command, vllm_spec
 from draftwise.plan import EndpointRun, choose_k, predict_fixed_k
 
 
@@ -84,7 +84,8 @@ def test_vllm_commands_and_speculative_configs():
     assert vllm_spec("ngram", 6) == {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 2,
                                      "prompt_lookup_max": 4}
     assert vllm_spec("draft", 3)["model"].endswith("/qwen2.5-coder-0.5b")
-    with pytest.raises(ValueError, match="expected ngram or draft"):
+    assert vllm_spec("eagle3", 3) == {"method": "eagle3", "model": VLLM_HEAD, "num_speculative_tokens": 3}
+    with pytest.raises(ValueError, match="expected ngram, draft or eagle3"):
         vllm_spec("eagle", 3)
     with pytest.raises(ValueError, match="at least 1"):
         vllm_spec("ngram", 0)
@@ -119,7 +120,7 @@ def test_plan_refuses_a_bad_peer_setting_before_starting_a_server(tmp_path):
         plan_peer("sglang", "smollm2-135m", "ngram", 4, "smollm2-135m", {}, tmp_path)
     with pytest.raises(ValueError, match="no draft length planned"):
         plan_peer("llama-server", "smollm2-135m", "ngram-cache", 4, "smollm2-135m", {}, tmp_path)
-    with pytest.raises(ValueError, match="expected ngram or draft"):
+    with pytest.raises(ValueError, match="expected ngram, draft or eagle3"):
         plan_peer("vllm", "smollm2-135m", "ngram-simple", 4, "smollm2-135m", {}, tmp_path)
     assert not list(tmp_path.iterdir())  # nothing started, nothing written
 
