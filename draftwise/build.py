@@ -20,7 +20,8 @@ from draftwise.request import check_draft_len
 from draftwise.scheduler import Scheduler
 
 DRAFTERS = ("none", "model", "ngram", "suffix", "suffix-tree", "head", "auto")
-AUTO_MEMBERS = ("ngram", "suffix")  # what --drafter auto chooses among, with none
+AUTO_MEMBERS = ("ngram", "suffix")  # what --drafter auto chooses among by default, with none
+AUTO_CHOICES = ("ngram", "suffix", "model", "head")  # what it can choose among (--auto-members)
 # llama.cpp's CPU kernels. "repacked" (its extra buffer types, as llama_cpp.Llama loads) steps one
 # token faster than "standard" and processes a long prompt slower; which verifies several tokens
 # faster depends on the CPU. Neither is batch-invariant (a near-tie can flip between a one-token and
@@ -54,6 +55,7 @@ class ModelFields:
     ngram_max: int = 4
     head: str | None = None  # the head drafter's checkpoint: a directory or a packaged head's name; None: the target's packaged head
     suffix_max_nodes: int = 200_000  # the suffix drafter's trie over recent outputs, ~270 bytes a node
+    auto_members: tuple[str, ...] = AUTO_MEMBERS  # the drafters --drafter auto chooses among
     n_batch: int | None = None  # llama.cpp only: tokens per decode call
     kernels: str = "auto"  # llama.cpp only: "repacked" | "standard" | "auto" (resolve_kernels)
 
@@ -68,6 +70,11 @@ class ModelFields:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.kernels not in KERNELS:
             raise ValueError(f"unknown kernels {self.kernels!r}; choose one of {', '.join(KERNELS)}")
+        self.auto_members = tuple(self.auto_members)
+        bad = [m for m in self.auto_members if m not in AUTO_CHOICES]
+        if bad or not self.auto_members or len(set(self.auto_members)) != len(self.auto_members):
+            raise ValueError(f"drafter auto's members {', '.join(self.auto_members) or '(none)'}: expected "
+                             f"distinct names among {', '.join(AUTO_CHOICES)}")
 
     def model_fields(self) -> dict:
         return {f: getattr(self, f) for f in ModelFields.__dataclass_fields__}
@@ -136,10 +143,12 @@ def faster_kernels(spec: EngineSpec, log=None) -> tuple[str, tuple]:
     return best[1], best[2]
 
 
-def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_runner=None, target=None):
+def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_runner=None, target=None,
+                 shared: dict | None = None):
     """The drafter the spec names (or `kind`), None for plain decoding. A draft model's runner is
-    loaded unless `draft_runner` is given (one loaded model serves several drafters); a head
-    reads the `target` runner's embedding, LM head and sizes."""
+    loaded unless `draft_runner` is given (one loaded model serves several drafters; for auto,
+    `shared`: the runner of each member with a model, by name); a head reads the `target`
+    runner's embedding, LM head and sizes."""
     kind = kind or spec.drafter
     if kind == "head":
         from draftwise.models.head import load_head
@@ -150,7 +159,8 @@ def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_run
             draft_runner = HeadRunner(load_head(path, target), str(path / "model.safetensors"), target.max_context)
         return HeadDrafter(draft_runner)
     if kind == "auto":
-        return AutoDrafter({m: load_drafter(spec, tokenizer, m) for m in AUTO_MEMBERS})
+        shared = shared or {}
+        return AutoDrafter({m: load_drafter(spec, tokenizer, m, shared.get(m), target) for m in spec.auto_members})
     if kind == "ngram":
         return NgramDrafter(spec.ngram_min, spec.ngram_max)
     if kind in ("suffix", "suffix-tree"):

@@ -73,7 +73,14 @@ def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
     p.add_argument("--suffix-max-nodes", type=int, default=d["suffix_max_nodes"].default,
                    help="suffix drafter: nodes of its trie over recent outputs (~270 bytes each); the oldest "
                         "request's output is evicted past it")
+    p.add_argument("--auto-members", type=_members, default=d["auto_members"].default,
+                   help="drafter auto: the drafters it chooses among each round, comma-separated, of ngram, "
+                        "suffix, model, head (default ngram,suffix)")
     assert set(ModelFields.__dataclass_fields__) <= {a.dest for a in p._actions}
+
+
+def _members(text: str) -> tuple[str, ...]:
+    return tuple(m.strip() for m in text.split(",") if m.strip())
 
 
 def _draft_len(text: str) -> int | str:
@@ -328,9 +335,12 @@ def cmd_plan(a) -> int:
     out = Path(a.out)
     if a.engine != "draftwise":
         from draftwise.plan import plan_peer
-        if a.drafter not in ("ngram", "model"):
-            raise ValueError(f"plan --engine {a.engine} plans its n-gram or draft model, not --drafter {a.drafter}")
-        if a.drafter == "model":
+        if a.drafter not in ("ngram", "model") and (a.engine, a.drafter) != ("vllm", "head"):
+            raise ValueError(f"plan --engine {a.engine} plans its n-gram or draft model"
+                             f"{' (or the head, as EAGLE-3)' if a.engine == 'vllm' else ''}, not --drafter {a.drafter}")
+        if a.drafter == "head":
+            method = "eagle3"
+        elif a.drafter == "model":
             method = "draft"
         else:
             method = a.spec_type or ("ngram" if a.engine == "vllm" else "ngram-simple")

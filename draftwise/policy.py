@@ -3,6 +3,8 @@
 
     ask(st, batch, room)            tokens to ask a cheap drafter for, before choosing
     select(st, batch, proposal)     -> the part of a cheap drafter's proposal to verify (may be none)
+    deferred(st)                    -> (member, D, stop) when select chose a member with a model,
+                                       which drafts after the step's choices are settled; else None
     choose(st, batch, available, behind) -> D this round (0: a plain step), for a draft model
     pays(batch)                     does the step as the requests chose it beat a plain step?
     stop(st)                        the draft model's early-stop rule for this round, or None
@@ -69,6 +71,7 @@ class StepTimes:
     forwards: int = 0
     behind: int = 1
     parts: list[tuple[int, int]] | None = None
+    dear: tuple[str, float] | None = None  # drafter auto: the member with a model that drafted, its seconds
 
 
 class DraftPolicy(Protocol):
@@ -77,6 +80,7 @@ class DraftPolicy(Protocol):
     def begin(self, st) -> None: ...
     def ask(self, st, batch: Batch, room: int) -> int: ...
     def select(self, st, batch: Batch, cand: Proposal) -> Proposal: ...
+    def deferred(self, st) -> tuple[str, int, StopRule | None] | None: ...
     def choose(self, st, batch: Batch, available: int, behind: int) -> int: ...
     def pays(self, batch: Batch) -> bool: ...
     def stop(self, st) -> StopRule | None: ...
@@ -114,6 +118,7 @@ class FixedDraftLength:
         return d
 
     def pays(self, batch: Batch) -> bool: return True
+    def deferred(self, st) -> None: return None
     def begin(self, st) -> None: ...
     def stop(self, st) -> StopRule | None: return None
     def learn(self, st, outcome: RoundOutcome) -> None: ...
@@ -177,6 +182,9 @@ class PlannedDraftLength:
     def pays(self, batch: Batch) -> bool:
         return self.planner.step_pays(batch)
 
+    def deferred(self, st) -> None:
+        return None
+
     def stop(self, st) -> StopRule | None:
         return None if st.policy is None or st.policy.plan is None else st.policy.plan.stop
 
@@ -230,25 +238,30 @@ class _Choice:
     plan: Plan | None = None
     chosen: str | None = None  # the member verified this round; None: a plain step
     firsts: dict[str, int] = field(default_factory=dict)  # unverified members' first tokens
+    room: int = 0  # the most tokens this round may draft
 
 
 class DrafterChoice:
     """`--drafter auto` with D `auto`: which drafter, and how much of its proposal, each round.
 
-    Every cheap drafter of an AutoDrafter proposes each round (draftwise.drafters.auto). Each has its
-    own planner (draftwise.planner) with its own acceptance estimates per request and per workload,
-    all priced on one shared verify curve and on the measured time of the whole proposing call (all
-    members propose, so all are paid for). The round verifies the member whose plan promises the
-    highest rate (the batched step's, Plan.step_rate; alone, E[N](D) / T(D)); each plan already
-    beats a plain step by its margin), or none: a plain
-    step. Members that were not verified still learn: their first token is scored against the
-    target's distribution at the round's first position (a shadow, as the single-drafter `auto` does
-    for a proposal it did not verify), which the verification computes whatever was drafted."""
+    Every cheap drafter of an AutoDrafter proposes each round (draftwise.drafters.auto). Each member
+    has its own planner (draftwise.planner) with its own acceptance estimates per request and per
+    workload, all priced on one shared verify curve; a cheap member's drafting on the measured time
+    of the whole proposing call (all cheap members propose, so all are paid for), a member with a
+    model (draft model, head) on its own forward-cost curve, with the catch-up on the tokens it has
+    not seen since it last drafted (`behind`: what switching to it costs). The round verifies the
+    member whose plan promises the highest rate (the batched step's, Plan.step_rate; alone, E[N](D)
+    / T(D)); each plan already beats a plain step by its margin), or none: a plain step. A member
+    with a model drafts after the choice (`deferred`). Cheap members that were not verified still
+    learn: their first token is scored against the target's distribution at the round's first
+    position (a shadow, as the single-drafter `auto` does for a proposal it did not verify), which
+    the verification computes whatever was drafted; a member with a model that sat out learns
+    nothing that round (it drafted nothing)."""
 
-    def __init__(self, planners: dict[str, Planner]):
+    def __init__(self, planners: dict[str, Planner], dear: dict[str, Drafter] | None = None):
         if not planners:
             raise ValueError("drafter auto needs a planner per drafter")
-        self.planners = planners
+        self.planners, self.dear = planners, dear or {}
         self.max_draft = max(p.max_draft for p in planners.values())
 
     def begin(self, st) -> None:
@@ -259,6 +272,8 @@ class DrafterChoice:
         st.stats.predicted_s = st.stats.predicted_plain_s = st.stats.prefill_s
 
     def ask(self, st, batch: Batch, room: int) -> int:
+        if st.policy is not None:
+            st.policy.room = min(self.max_draft, room)
         return min(self.max_draft if st.policy is not None else st.req.num_draft_tokens, room)
 
     def select(self, st, batch: Batch, cand: Proposal) -> Proposal:
@@ -270,6 +285,10 @@ class DrafterChoice:
             return out
         c = st.policy
         plans = {n: self.planners[n].plan(c.reqs[n], batch, available=len(p.tokens)) for n, p in options.items()}
+        for n, member in self.dear.items():  # priced before drafting, its catch-up included
+            behind = member.pending(st.key, st.ctx)
+            plans[n] = self.planners[n].plan(c.reqs[n], batch, available=c.room, behind=behind)
+            plans[n].behind = behind
         live = [n for n in plans if plans[n].d > 0]
         c.chosen = max(live, key=lambda n: plans[n].step_rate, default=None)
         c.plan = plans[c.chosen] if c.chosen is not None else next(iter(plans.values()), None)
@@ -278,10 +297,16 @@ class DrafterChoice:
             batch.record(0, 1.0)
             return _NONE
         batch.record(c.plan.d, c.plan.expected)
-        return options[c.chosen].head(c.plan.d)
+        return _NONE if c.chosen in self.dear else options[c.chosen].head(c.plan.d)
+
+    def deferred(self, st) -> tuple[str, int, StopRule | None] | None:
+        c = st.policy
+        if c is None or c.chosen not in self.dear:
+            return None
+        return c.chosen, c.plan.d, c.plan.stop
 
     def choose(self, st, batch: Batch, available: int, behind: int) -> int:
-        raise TypeError("drafter auto chooses among cheap drafters: select, not choose")
+        raise TypeError("drafter auto is asked through select (its cheap members propose first)")
 
     def pays(self, batch: Batch) -> bool:
         return self._any.step_pays(batch)  # the planners share the verify curve
@@ -296,11 +321,13 @@ class DrafterChoice:
         res, prop, emitted = o.result, o.proposal, len(o.result.tokens)
         st.stats.predicted_s += emitted / c.plan.rate
         st.stats.predicted_plain_s += emitted / c.plan.plain_rate
+        dear = c.chosen in self.dear
         for name, planner in self.planners.items():
             req = c.reqs[name]
             if name == c.chosen:
+                top = target_top(o.logits, len(prop.tokens), res.num_accepted) if dear else None
                 planner.commit(req, c.plan, len(prop.tokens), res.num_accepted, emitted, prop.confidence,
-                               prop.stop_confidence, o.round_s)
+                               prop.stop_confidence, o.round_s, top)
                 continue
             plain = Plan(0, c.plan.plain_rate, c.plan.plain_rate)
             planner.commit(req, plain, 0, 0, emitted)
@@ -310,7 +337,7 @@ class DrafterChoice:
                     else float(warp(o.logits[:1], o.params)[0, t])
                 planner.shadow(req, p)
         chosen = self.planners[c.chosen] if c.chosen is not None else None
-        st.plans.append(PlanStep(c.plan.d if chosen else 0, len(prop.tokens), 0,
+        st.plans.append(PlanStep(c.plan.d if chosen else 0, len(prop.tokens), c.plan.behind if dear else 0,
                                  round(1e3 * (c.plan.seconds or 1.0 / c.plan.plain_rate), 1),
                                  round(1e3 * o.round_s, 1), round(1e3 * (chosen or self._any).draft_cost(1), 1),
                                  c.chosen or "none"))
@@ -321,10 +348,18 @@ class DrafterChoice:
         return next(iter(self.planners.values()))
 
     def observe_step(self, s: StepTimes) -> None:
-        """The verify curve is shared: observed once; each planner's drafting and overhead."""
-        for i, p in enumerate(self.planners.values()):
-            p.observe_times(s.k, s.n_seqs, s.forward_s, s.forwards, s.behind, s.draft_s, s.other_s,
-                            curve=i == 0, parts=s.parts)
+        """The verify curve is shared: observed once. Cheap members' planners see the proposing
+        call's time; the member with a model that drafted, its own forwards and seconds; the
+        others nothing of the drafting."""
+        dear_s = s.dear[1] if s.dear else 0.0
+        for i, (name, p) in enumerate(self.planners.items()):
+            if name in self.dear:
+                mine = s.dear is not None and s.dear[0] == name
+                p.observe_times(s.k, s.n_seqs, s.forward_s, s.forwards if mine else 0, s.behind,
+                                dear_s if mine else 0.0, s.other_s, curve=i == 0, parts=s.parts)
+            else:
+                p.observe_times(s.k, s.n_seqs, s.forward_s, 0, 1, s.draft_s - dear_s, s.other_s,
+                                curve=i == 0, parts=s.parts)
 
     def finish(self, st) -> None:
         if st.policy is not None:
@@ -369,4 +404,4 @@ def make_choice(runner, drafter, max_draft: int = 16, batch_sizes=(1,), log=None
         planners[name] = p = make_planner(runner, member, max_draft, batch_sizes, log=log,
                                           **({} if first is None else {"verify_curve": first.verify}))
         first = first or p
-    return DrafterChoice(planners)
+    return DrafterChoice(planners, drafter.dear)

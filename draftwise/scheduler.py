@@ -143,7 +143,8 @@ class Scheduler:
                              "verifies chains only (use the torch backend, or drafter suffix)")
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.policy = policy if policy is not None and drafter is not None else FixedDraftLength(0)
-        runners = [target] + ([drafter.runner] if drafter is not None and drafter.runner is not None else [])
+        drafts = getattr(drafter, "runners", [drafter.runner]) if drafter is not None else []  # auto: several
+        runners = [target] + [r for r in drafts if r is not None]
         self.max_running = min([max_running] + [r.n_seq_max for r in runners if r.n_seq_max is not None])
         self.max_queue, self.observer = max_queue, observer or NullObserver()
         self.pad_ragged, self.reuse_prefix = pad_ragged, reuse_prefix
@@ -379,7 +380,7 @@ class Scheduler:
 
     def _decode(self, batch: list[RequestState]) -> None:
         t_step = time.perf_counter()
-        props, shadows, forwards, behind = self._propose(batch)
+        props, shadows, forwards, behind, dear = self._propose(batch)
         t_draft = time.perf_counter() - t_step
         live = [(st, p, s) for st, p, s in zip(batch, props, shadows) if p is not None]
         if not live:
@@ -407,7 +408,7 @@ class Scheduler:
         if batched:  # a step of retries is no measure of the batched forward's cost
             ks = [len(f) for f in feeds]
             self.policy.observe_step(StepTimes(max(ks), len(live), t_fwd, t_draft, t_other - t_tokens,
-                                               forwards, behind, self._split(ks)))
+                                               forwards, behind, self._split(ks), dear))
 
     def _commit_round(self, st: RequestState, prop: Proposal, shadow: Proposal | None, rows: torch.Tensor,
                       feats: torch.Tensor | None, t_fwd: float, t_step: float) -> float:
@@ -470,14 +471,15 @@ class Scheduler:
         return logits, self.target.last_features if self._features else [None] * len(seqs)
 
     def _propose(self, batch: list[RequestState]):
-        """(proposals, shadows, draft-model forwards, tokens caught up on) for the batch: a
-        proposal per request (None where drafting failed and the request was dropped). A cheap
-        drafter proposes first and the policy picks how much of it to verify; a draft model is
-        asked for the policy's D, every request's draft in lockstep, one forward a step: each
-        request's draft time is then the whole call's, as its verify time is the step's."""
+        """(proposals, shadows, draft-model forwards, tokens caught up on, (member, seconds) of a
+        deferred draft or None) for the batch: a proposal per request (None where drafting failed
+        and the request was dropped). A cheap drafter proposes first and the policy picks how much
+        of it to verify; a draft model is asked for the policy's D, every request's draft in
+        lockstep, one forward a step: each request's draft time is then the whole call's, as its
+        verify time is the step's."""
         n = len(batch)
         if self.drafter is None:
-            return [NO_DRAFT] * n, [None] * n, 0, 1
+            return [NO_DRAFT] * n, [None] * n, 0, 1, None
         if not self.drafter.cheap:
             return self._propose_model(batch)
         return self._propose_cheap(batch)
@@ -501,9 +503,39 @@ class Scheduler:
         props = self._settle(batch, cands, live, step)
         if len(live) > 1 and not self.policy.pays(step):
             props = self._settle(batch, cands, live, Batch.of(len(live), self._split))
+        forwards, behind, dear = self._deferred(batch, props)
         shadows = [c if c is not None and c.tokens and p is not None and not p.tokens else None
                    for c, p in zip(cands, props)]  # the candidate a plain step was chosen over
-        return props, shadows, 0, 1
+        return props, shadows, forwards, behind, dear
+
+    def _deferred(self, batch: list[RequestState], props: list[Proposal | None]):
+        """Drafter auto: the requests whose choice fell on a member with a model draft now, for
+        the D their plan gave, each member's requests in lockstep (props updated in place).
+        Returns (forwards, behind, (member, seconds)) of the step's draft when one request
+        drafted, else (0, 1, None): a batched step's drafting does not price the curves."""
+        todo: dict[str, list] = {}
+        for i, st in enumerate(batch):
+            d = self.policy.deferred(st) if props[i] is not None else None
+            if d is not None:
+                todo.setdefault(d[0], []).append((i, (st.key, st.ctx, d[1], st.req.params, st.gen, d[2])))
+        out = (0, 1, None)
+        for name, work in todo.items():
+            t = time.perf_counter()
+            behind = self.drafter.dear[name].pending(work[0][1][0], work[0][1][1])
+            try:
+                drafts = self.drafter.draft_many(name, [it for _, it in work])
+            except Exception as e:  # noqa: BLE001
+                log.warning("a batched draft of %d sequences failed; retrying each alone", len(work), exc_info=e)
+                self.observer.fault("draft")
+                drafts = [self._try(batch[i], lambda it=it: self.drafter.draft_many(name, [it])[0]) for i, it in work]
+            dt = time.perf_counter() - t
+            for (i, _), prop in zip(work, drafts):
+                props[i] = prop
+                batch[i].stats.draft_s += dt
+            self.observer.phase("draft", dt)
+            if len(batch) == 1 and drafts[0] is not None:
+                out = (drafts[0].forwards or len(drafts[0].tokens), behind, (name, dt))
+        return out
 
     def _settle(self, batch: list[RequestState], cands: list[Proposal | None], live: list[int],
                 step: Batch) -> list[Proposal | None]:
@@ -560,7 +592,7 @@ class Scheduler:
                 st.stats.draft_s += dt
             self.observer.phase("draft", dt)
         one = props[0] if n == 1 and props[0] is not None else NO_DRAFT
-        return props, [None] * n, one.forwards or len(one.tokens), plans[0][0] if n == 1 and plans[0] else 1
+        return props, [None] * n, one.forwards or len(one.tokens), plans[0][0] if n == 1 and plans[0] else 1, None
 
     def _plan_draft(self, st: RequestState, step: Batch, i: int) -> tuple[int, int, object]:
         behind = self.drafter.pending(st.key, st.ctx)

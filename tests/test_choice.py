@@ -54,13 +54,14 @@ def choice(names, per_token_ms=0.5, **kw):
     return DrafterChoice({n: Planner(curve, None, prior=0.6, max_draft=8, online=False, **kw) for n in names})
 
 
-def test_auto_drafter_proposes_from_every_member_and_refuses_a_model():
-    d = AutoDrafter({"a": Fixed("a", [1, 2, 3]), "b": Fixed("b", [4])})
+def test_auto_drafter_proposes_from_every_cheap_member_and_leaves_a_model_for_later():
+    model = ModelDrafter(CycleRunner())
+    d = AutoDrafter({"a": Fixed("a", [1, 2, 3]), "b": Fixed("b", [4]), "model": model})
     p = d.propose(0, [0], 2, SamplingParams(), None)
     assert p.tokens == [] and {n: q.tokens for n, q in p.options.items()} == {"a": [1, 2], "b": [4]}
-    assert d.memory_nodes() == 14
-    with pytest.raises(ValueError, match="cheap drafters.*m is not"):
-        AutoDrafter({"m": ModelDrafter(CycleRunner())})
+    assert d.memory_nodes() == 14 and d.dear == {"model": model} and d.runners == [model.runner]
+    assert model.runner.forwards == []  # a member with a model drafts only when chosen (draft_many)
+    assert d.draft_many("model", [(0, [0, 1], 3, SamplingParams(), None)])[0].tokens == [2, 3, 4]
     with pytest.raises(ValueError, match="at least one"):
         AutoDrafter({})
 
@@ -104,6 +105,57 @@ def test_choice_follows_the_member_that_becomes_right():
                policy=choice(["a", "b"])).generate(PROMPT, max_tokens=60)
     chosen = [p.drafter for p in r.plans]
     assert "a" in chosen[:3] and chosen[-3:] == ["b"] * 3
+
+
+def choice_with_model(cheap, model, step_ms, prior=0.6):
+    """DrafterChoice over cheap members and a draft model ("model") whose one-token forward
+    costs step_ms next to the target's 10 ms (a forward of k tokens 1 + 0.05 k times that)."""
+    curve = CostCurve({1: [10.0 + 0.5 * k for k in range(17)]})
+    draft = CostCurve({1: [step_ms * (1 + 0.05 * k) for k in range(17)]})
+    planners = {n: Planner(curve, None, prior=0.6, max_draft=8, online=False) for n in cheap}
+    planners["model"] = Planner(curve, draft, prior=prior, max_draft=8, online=False)
+    return DrafterChoice(planners, {"model": model})
+
+
+def test_choice_drafts_with_a_model_only_when_chosen_and_output_equals_plain():
+    plain = Engine(CycleRunner(), CharTokenizer()).generate(PROMPT, max_tokens=40)
+    wrong, model = Fixed("wrong", [9] * 8), ModelDrafter(CycleRunner())  # the model continues as the target
+    drafter = AutoDrafter({"wrong": wrong, "model": model})
+    r = Engine(CycleRunner(), CharTokenizer(), drafter, "auto", policy=choice_with_model(["wrong"], model, 1.0)).generate(
+        PROMPT, max_tokens=40)
+    assert r.token_ids == plain.token_ids
+    chosen = [p.drafter for p in r.plans]
+    assert chosen.count("model") >= len(chosen) - 2 and r.stats.accepted_draft_tokens >= 30
+    assert wrong.calls == len(r.plans)  # the cheap member proposed every round, the model drafted when chosen
+    drafted = sum(p.proposed for p in r.plans if p.drafter == "model")
+    assert sum(p.proposed for p in r.plans) == r.stats.proposed_tokens and drafted >= 30
+    assert 0 < len(model.runner.forwards) <= drafted + len(chosen)  # a forward per drafted token, at most
+
+
+def test_a_model_that_sat_out_catches_up_when_the_choice_moves_to_it():
+    """A free cheap member is right for the first half; the draft model (a step 2 ms, believed
+    right 9 times in 10) is right throughout. Where the free member is right it is chosen, and
+    the model, when chosen again, first catches up on everything it did not see (the plan prices
+    that as `behind`); once the free member is wrong the model is chosen."""
+    a, a_late = Cycle("a", []), Fixed("a", [9] * 8)
+
+    class Switch(Fixed):  # right early, wrong late
+        def propose(self, key, ctx, n, params, gen, stop=None):
+            return (a if len(ctx) <= 30 else a_late).propose(key, ctx, n, params, gen)
+
+    model = ModelDrafter(CycleRunner())
+    plain = Engine(CycleRunner(), CharTokenizer()).generate(PROMPT, max_tokens=60)
+    r = Engine(CycleRunner(), CharTokenizer(), AutoDrafter({"a": Switch("a", []), "model": model}), "auto",
+               policy=choice_with_model(["a"], model, 2.0, prior=0.9)).generate(PROMPT, max_tokens=60)
+    assert r.token_ids == plain.token_ids
+    chosen = [p.drafter for p in r.plans]
+    assert "a" in chosen and chosen[-3:] == ["model"] * 3
+    back = [i for i in range(1, len(chosen)) if chosen[i] == "model" and chosen[i - 1] == "a"]
+    assert back  # the choice moved back to the model after rounds of the free member
+    # drafting round after round it catches up on its last round's bonus token and one more; after
+    # sitting out, on every token emitted meanwhile
+    assert all(r.plans[i].behind > 2 for i in back)
+    assert all(r.plans[i].behind <= 2 for i in range(1, len(chosen)) if chosen[i] == chosen[i - 1] == "model")
 
 
 def test_fixed_d_with_auto_drafter_takes_the_longest_proposal():

@@ -50,3 +50,22 @@ def test_verify_and_plan_run_through_the_cli(tmp_path, capsys):
                      "--out", str(tmp_path / "plan"), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "predicted speedup" in out and "ngram:auto" in out
+
+
+def test_drafter_auto_members_are_checked_by_name():
+    assert EngineSpec(auto_members=("ngram", "model")).auto_members == ("ngram", "model")
+    with pytest.raises(ValueError, match="members ngram, medusa: expected distinct names among ngram, suffix, model, head"):
+        EngineSpec(auto_members=("ngram", "medusa"))
+    with pytest.raises(ValueError, match="members ngram, ngram"):
+        EngineSpec(auto_members=("ngram", "ngram"))
+    a = cli.build_parser().parse_args(["generate", "--auto-members", "ngram, model,head"])
+    assert a.auto_members == ("ngram", "model", "head")
+
+
+def test_drafter_auto_over_ngram_the_draft_model_and_the_head_keeps_plain_output(capsys):
+    """On the CLI's defaults (the packaged Qwen2.5-Coder pair and head on llama.cpp)."""
+    assert cli.main(["generate", "--drafter", "auto", "--auto-members", "ngram,model,head", "--max-tokens", "24",
+                     "--compare-plain"]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("speedup")]
+    assert lines and all("outputs identical: True" in line for line in lines)

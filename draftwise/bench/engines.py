@@ -41,11 +41,12 @@ def build_engines(cfg: BenchConfig) -> dict[str, Engine]:
     spec = cfg.engine_spec()
     runner, tok = load_target(spec)
     run_cfgs = cfg.run_configs()
+    uses = {c.drafter for c in run_cfgs} | (set(spec.auto_members) if any(c.drafter == "auto" for c in run_cfgs) else set())
     shared = {k: load_drafter(spec, tok, k, target=runner).runner  # the draft model / head, loaded once
-              for k in ("model", "head") if any(c.drafter == k for c in run_cfgs)}
+              for k in ("model", "head") if k in uses}
     out = {}
     for c in run_cfgs:  # one drafter per engine (its own request state) over the one draft runner
-        drafter = load_drafter(spec, tok, c.drafter, shared.get(c.drafter), target=runner)
+        drafter = load_drafter(spec, tok, c.drafter, shared.get(c.drafter), target=runner, shared=shared)
         policy = make_policy(c.num_draft_tokens, runner, drafter, batch_sizes=_batch_sizes(cfg))
         out[c.name] = Engine(runner, tok, drafter, c.num_draft_tokens, policy=policy,
                              max_running=spec.max_running)

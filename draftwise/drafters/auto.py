@@ -1,8 +1,12 @@
-"""`--drafter auto`: every loaded cheap drafter proposes each round, side by side; the `auto`
-policy (draftwise.policy.DrafterChoice) verifies the one whose plan promises the most tokens per
-second, or none. Proposing from all of them costs their summed call time, which the policy prices
-as the round's drafting time; switching between cheap drafters costs nothing else (none of them
-falls behind: each reads the whole context at every call)."""
+"""`--drafter auto`: the loaded drafters side by side; the `auto` policy (draftwise.policy.DrafterChoice)
+verifies, each round, the one whose plan promises the most tokens per second, or none.
+
+Cheap members (n-gram, suffix) propose every round, since looking costs next to nothing: their
+summed call time is the round's drafting time. Members with a model (the draft model, the head)
+draft only when chosen, after the choice, for the D the plan gave (`dear`, `draft_many`); one that
+sat out rounds first catches up on the tokens it has not seen, a cost the plan prices (its
+`pending`). A head keeps receiving the target's features of every committed position whichever
+member drafted (`observe`), so its catch-up needs no extra target work."""
 from __future__ import annotations
 
 import torch
@@ -13,23 +17,38 @@ from draftwise.sampling import SamplingParams
 
 class AutoDrafter:
     name = "auto"
-    max_context = None
-    cheap = True
+    cheap = True  # proposed before the choice; its dear members after it (DraftPolicy.deferred)
     runner = None
 
     def __init__(self, members: dict[str, Drafter]):
         if not members:
             raise ValueError("drafter auto needs at least one drafter to choose from")
-        dear = [n for n, d in members.items() if not d.cheap]
-        if dear:
-            raise ValueError(f"drafter auto chooses among cheap drafters (n-gram, suffix); {', '.join(dear)} is not")
         self.members = members
+        self.cheap_members = {n: d for n, d in members.items() if d.cheap}
+        self.dear = {n: d for n, d in members.items() if not d.cheap}
+        heads = [d for d in self.dear.values() if getattr(d, "features", None) is not None]
+        if len(heads) > 1:
+            raise ValueError("drafter auto takes one head")
+        self.head = heads[0] if heads else None
+        self.features = self.head.features if self.head else None  # what the target must return
+        self.window = self.head.window if self.head else None
+        self.runners = [d.runner for d in self.dear.values()]  # whose sequences the scheduler counts
+        limits = [d.max_context for d in self.dear.values() if d.max_context is not None]
+        self.max_context = min(limits) if limits else None
 
     def propose(self, seq_key: int, context: list[int], num_tokens: int, params: SamplingParams,
                 generator: torch.Generator | None, stop: StopRule | None = None) -> Proposal:
-        """No tokens of its own: each member's proposal in `options`, by name."""
+        """No tokens of its own: each cheap member's proposal in `options`, by name."""
         return Proposal([], options={n: d.propose(seq_key, context, num_tokens, params, generator)
-                                     for n, d in self.members.items()})
+                                     for n, d in self.cheap_members.items()})
+
+    def draft_many(self, name: str, items: list[tuple]) -> list[Proposal]:
+        """The chosen dear member's drafts (ModelDrafter.propose_many's items)."""
+        return self.dear[name].propose_many(items)
+
+    def observe(self, seq_key: int, start: int, feats: torch.Tensor) -> None:
+        if self.head is not None:
+            self.head.observe(seq_key, start, feats)
 
     def pending(self, seq_key: int, context: list[int]) -> int:
         return 0
