@@ -405,6 +405,16 @@ def test_text_outputs_are_compared_by_character():
     assert [(m.unit, m.position, m.baseline, m.other) for m in mism] == [("char", 3, "l", "p")]
 
 
+def test_a_server_whose_logprobs_cover_part_of_its_output_is_compared_by_text():
+    """llama-server with a draft model returns the first token's logprobs only."""
+    ref = {"key": "a", "prompt_id": "p", "config": "plain", "repeat": 0, "concurrency": 1, "text": "def f(): pass",
+           "tokens": ["def", " f", "():", " pass"], "emitted_tokens": 4}
+    same = {**ref, "key": "b", "config": "draft", "tokens": ["def"]}
+    assert find_mismatches([ref, same], "plain") == ([], 1)
+    other = {**same, "key": "c", "text": "def g(): pass"}
+    assert [(m.unit, m.position) for m in find_mismatches([ref, other], "plain")[0]] == [("char", 4)]
+
+
 def test_sampling_runs_skip_the_check(tmp_path):
     path = run_bench(config(tmp_path, temperature=0.8, configs=("plain", "ngram:4")), engines=fake_engines(),
                      tokenizer=CharTokenizer(), progress=False)

@@ -6,7 +6,9 @@ so a nondeterministic baseline shows up too. Servers return token ids only if th
 (`return_token_ids`); with logprobs (asked for at temperature 0) they return each token's text and
 top-2 logprobs, so outputs are compared token by token (by the tokens' text) and the margin at a
 divergence is top-1 minus top-2 logprob — the same as the logit margin, since both logprobs share
-one normaliser. Otherwise outputs are compared by text and the position is a character index.
+one normaliser. Otherwise (or where a server's logprobs cover only part of its output, as
+llama-server's with a draft model) outputs are compared by text and the position is a character
+index.
 """
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ def compare_outputs(ref: dict, r: dict) -> tuple[str, int, object, object] | Non
     """(unit, position, baseline item, other item) at the first difference, or None if equal."""
     if ref.get("token_ids") is not None and r.get("token_ids") is not None:
         a, b, unit = ref["token_ids"], r["token_ids"], "token"
-    elif ref.get("tokens") is not None and r.get("tokens") is not None:
+    elif _whole(ref) and _whole(r):
         a, b, unit = ref["tokens"], r["tokens"], "token"
     else:
         a, b, unit = ref.get("text") or "", r.get("text") or "", "char"
@@ -80,6 +82,11 @@ def find_mismatches(requests: list[dict], baseline: str, divergences: dict[str, 
             m.margin_single, m.margin_batched = _at(ref["margins"], m.position), _at(r["margins"], m.position)
         out.append(m)
     return out, checked
+
+
+def _whole(r: dict) -> bool:
+    """The request's token texts cover its whole output."""
+    return r.get("tokens") is not None and len(r["tokens"]) >= (r.get("emitted_tokens") or 0)
 
 
 def _at(xs: list, i: int):
