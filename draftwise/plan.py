@@ -125,12 +125,11 @@ def predict_fixed_k(plain: EndpointRun, pilot: EndpointRun, k: int) -> dict[int,
     added (an engine set up to speculate can take longer to its first token: vLLM's CPU build here
     ~0.7 against ~0.4 s)."""
     out = {0: 1.0}
-    if pilot.rounds == 0:
-        return out
     step_s = plain.decode_s / max(plain.decode_tokens, 1)
     steps = pilot.plain_steps
-    round_s = (pilot.decode_s - steps * step_s) / pilot.rounds
-    mean_len = pilot.proposed / pilot.rounds if pilot.proposed else k
+    # a pilot that never drafted (no match in a category) predicts plain steps at every K
+    round_s = (pilot.decode_s - steps * step_s) / pilot.rounds if pilot.rounds else step_s
+    mean_len = pilot.proposed / pilot.rounds if pilot.proposed and pilot.rounds else k
     acc = pilot.accepted_per_position + [0] * k
     plain_s = plain.prefill_s / plain.requests + pilot.decode_tokens / pilot.requests * step_s
     for d in range(1, k + 1):

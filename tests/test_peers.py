@@ -29,7 +29,9 @@ def test_a_pilot_at_k_predicts_every_shorter_k_by_hand():
     assert pred[3] == pytest.approx(3.5 / (1.0 + 4.75 * 60 / 58 / 2))
     assert pred[4] == pytest.approx(1.0)  # the pilot itself, as measured: 2.5 + 1 s against 3.5 s
     assert max(pred, key=pred.get) == 3
-    assert predict_fixed_k(plain, EndpointRun(3.0, 30), 4) == {0: 1.0}  # it never drafted: nothing to predict
+    # it never drafted: every K decodes as plain, and only the first token's time differs
+    never = predict_fixed_k(plain, EndpointRun(3.0, 30, prefill_s=2.0, requests=2), 4)
+    assert sorted(never) == [0, 1, 2, 3, 4] and never[4] == pytest.approx((0.5 + 1.5) / (1.0 + 1.5))
 
 
 def test_drafts_of_varying_length_are_priced_at_their_mean_length_up_to_k():
@@ -176,3 +178,26 @@ def test_plan_for_a_peer_names_what_it_cannot_plan(tmp_path, capsys):
     assert cli.main(["plan", "--engine", "llama-server", "--drafter", "suffix", *out]) == 2
     assert "not --drafter suffix" in capsys.readouterr().err
     assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.skipif(not PEERS or not Path(LLAMA_SERVER).exists(),
+                    reason="opt-in: DRAFTWISE_PEER_TESTS=1 with llama-server built (scripts/setup_peers.sh)")
+def test_plan_for_llama_server_end_to_end(tmp_path):
+    """The real llama-server on smollm2-135m (~1 minute): a pilot of ngram-simple at K = 8 on two
+    EditEval prompts, predictions for K' = 1..8, and, when one is exported, its flags file and
+    the measured run against plain."""
+    from draftwise.plan import plan_peer
+
+    port = _free_port()
+    kw = {"target": "smollm2-135m", "workload": "editeval", "n_per_category": 2, "max_tokens": 32, "pilot_tokens": 32}
+    out = plan_peer("llama-server", "smollm2-135m", "ngram-simple", 8, "smollm2-135m", kw, tmp_path, port=port,
+                    max_context=1024, log=lambda m: None)
+    assert sorted(out["predicted"]) == list(range(9)) and out["predicted"][0] == 1.0
+    doc = json.loads((tmp_path / "plan_predictions.json").read_text())
+    assert doc["engine"] == "llama-server" and doc["best_k"] == out["best"]
+    flags = tmp_path / "llama_server_flags.txt"
+    if out["best"]:
+        assert flags.read_text().split() == llama_spec("ngram-simple", out["best"])
+        assert out["measured"] is not None and (tmp_path / "measured" / "summary.csv").is_file()
+    else:
+        assert not flags.exists() and out["measured"] is None
