@@ -349,7 +349,7 @@ def cmd_plan(a) -> int:
         plan_peer(a.engine, a.target, method, a.pilot_d, a.draft_model,
                   {"target": a.target, "workload": a.workload, "n_per_category": a.n or None, "seed": a.seed,
                    "max_tokens": a.max_tokens, "pilot_tokens": a.pilot_tokens}, out, a.port,
-                  a.max_context or 2048, not a.no_measure)
+                  a.max_context or 2048, not a.no_measure, floor=a.category_floor)
         return 0
     if a.endpoint:
         return _plan_endpoint(a, out)
@@ -536,6 +536,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "a pilot drafting up to --pilot-d tokens, the predicted speedup per K, the chosen "
                          "setting written (vLLM's --speculative-config file, llama-server's flags), and the "
                          "engine started with it measured against the plain engine (docs/peers.md)")
+    pl.add_argument("--category-floor", type=float, default=1.0,
+                    help="--engine vllm|llama-server: the least predicted speedup any prompt category may "
+                         "have under the exported setting (default 1.0: slow none)")
     pl.add_argument("--spec-type", default=None, choices=("ngram-simple", "ngram-mod"),
                     help="--engine llama-server --drafter ngram: its n-gram type (default ngram-simple)")
     pl.add_argument("--port", type=int, default=8401, help="--engine vllm|llama-server: the plain server's; "

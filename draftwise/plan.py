@@ -199,20 +199,21 @@ def save_engine_configs(out_dir: Path, cfgs: dict) -> list[Path]:
     return paths
 
 
-def choose_k(pred: dict[int, float], per_category: dict[str, dict[int, float]]) -> int:
+def choose_k(pred: dict[int, float], per_category: dict[str, dict[int, float]], floor: float = 1.0) -> int:
     """The K with the highest predicted speedup over the whole workload among those predicted to
-    slow no category (a fixed K is served to every request); 0 (no speculation) when none is."""
-    ok = [d for d in pred if all(p[d] >= 1.0 for p in per_category.values())]
+    keep every category at `floor` or above (a fixed K is served to every request; 1.0: slow no
+    category); 0 (no speculation) when none is."""
+    ok = [d for d in pred if all(p[d] >= floor for p in per_category.values())]
     return max(ok, key=lambda d: (pred[d], -d), default=0)
 
 
 def plan_peer(engine: str, target: str, method: str, k: int, draft_model: str, bench_kw: dict, out_dir: Path,
-              port: int = 8401, max_context: int = 2048, measure: bool = True, log=print) -> dict:
+              port: int = 8401, max_context: int = 2048, measure: bool = True, log=print, floor: float = 1.0) -> dict:
     """`draftwise plan --engine vllm|llama-server`: the plain engine and the engine drafting at
     most k tokens a round (vLLM: `method` ngram or draft; llama-server: ngram-simple, ngram-mod or
     draft, peers.llama_spec) measured side by side at concurrency 1 (the pilot), the speedup of
     every K' <= k predicted (predict_fixed_k) over the workload and per prompt category, the best
-    that slows no category (choose_k) written as the engine's setting (vLLM:
+    that keeps every category at `floor` or above (choose_k) written as the engine's setting (vLLM:
     vllm_speculative_config.json; llama-server: llama_server_flags.txt), then the engine started
     with exactly that setting and measured against the same plain server. `bench_kw`: the
     BenchConfig fields of the workload (target, workload, n_per_category, seed, max_tokens; the
@@ -257,7 +258,7 @@ def plan_peer(engine: str, target: str, method: str, k: int, draft_model: str, b
             cats = sorted({r.get("category") for r in res.requests.values()} - {None})
             per_cat = {c: predict_fixed_k(EndpointRun.of(res, "plain", category=c),
                                           EndpointRun.of(res, name, category=c), k) for c in cats}
-            best = choose_k(pred, per_cat)
+            best = choose_k(pred, per_cat, floor)
             log(f"plain step {1e3 * step_s:.1f} ms; pilot: {run.rounds} rounds ({run.proposed} tokens drafted), "
                 f"{run.plain_steps} plain steps, accepted per position {run.accepted_per_position}")
             log("predicted speedup per K (end to end): " + "  ".join(f"K={d}: {v:.2f}x" for d, v in pred.items()))
@@ -269,11 +270,11 @@ def plan_peer(engine: str, target: str, method: str, k: int, draft_model: str, b
                              "accepted_per_position": run.accepted_per_position},
                    "predicted_speedup": {str(d): v for d, v in pred.items()},
                    "predicted_speedup_per_category": {c: {str(d): v for d, v in p.items()} for c, p in per_cat.items()},
-                   "best_k": best, "setting": spec(best) if best else None}
+                   "category_floor": floor, "best_k": best, "setting": spec(best) if best else None}
             (out_dir / "plan_predictions.json").write_text(json.dumps(doc, indent=1))
             result = {"predicted": pred, "per_category": per_cat, "best": best, "measured": None}
             if best == 0:
-                log(f"every K is predicted to slow a category: serve {engine} without speculation")
+                log(f"every K is predicted to take a category below {floor:g}x: serve {engine} without speculation")
                 return result
             path = out_dir / setting
             path.write_text(write(spec(best)))

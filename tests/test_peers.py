@@ -80,6 +80,8 @@ def test_the_exported_k_slows_no_category():
     assert choose_k(pred, per_cat) == 1
     per_cat["chat"][1] = 0.99  # every K slows chat: no speculation
     assert choose_k(pred, per_cat) == 0
+    assert choose_k(pred, per_cat, floor=0.97) == 1  # chat may lose up to 3%: K = 2 takes it to 0.96
+    assert choose_k(pred, per_cat, floor=0.95) == 2
 
 
 def test_vllm_commands_and_speculative_configs():
