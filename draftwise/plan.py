@@ -83,8 +83,10 @@ class EndpointRun:
 
     @property
     def plain_steps(self) -> int:
-        """Steps without a draft: every round emits its accepted tokens and one more."""
-        return self.decode_tokens - self.rounds - sum(self.accepted_per_position)
+        """Steps without a draft: every round emits its accepted tokens and one more (an engine
+        that drafts at every step can count a round or two more than the requests' tokens show:
+        vLLM's counters here; then none)."""
+        return max(0, self.decode_tokens - self.rounds - sum(self.accepted_per_position))
 
     @classmethod
     def of(cls, res: Results, config: str, concurrency: int = 1, category: str | None = None) -> EndpointRun:
