@@ -32,13 +32,17 @@ def vllm_spec(method: str, k: int, draft_model: str = "qwen2.5-coder-0.5b") -> d
     raise ValueError(f"vLLM drafter {method!r}: expected ngram, draft or eagle3")
 
 
-def vllm_command(model: str, port: int, max_context: int, max_seqs: int, spec: dict | str | None = None) -> list[str]:
+def vllm_command(model: str, port: int, max_context: int, max_seqs: int, spec: dict | str | None = None,
+                 prompt_cache: bool = True) -> list[str]:
     """`vllm-serve` for a packaged model's export, serving it under its draftwise name; `spec`: its
-    --speculative-config (a JSON text is passed as it is)."""
+    --speculative-config (a JSON text is passed as it is); prompt_cache=False: no prefix caching
+    (a server asked the same prompts twice would otherwise serve the second pass from it)."""
     cmd = [VLLM_SERVE, "--model", f"{VLLM_HF}/{model}", "--served-model-name", model, "--dtype", "bfloat16",
            "--max-model-len", str(max_context), "--max-num-seqs", str(max_seqs), "--host", "127.0.0.1"]
     if spec:
         cmd += ["--speculative-config", spec if isinstance(spec, str) else json.dumps(spec)]
+    if not prompt_cache:
+        cmd += ["--no-enable-prefix-caching"]
     return cmd + ["--port", str(port)]
 
 
@@ -76,11 +80,13 @@ def llama_spec(method: str, k: int | None = None, draft_model: str = "qwen2.5-co
 
 
 def llama_server_command(model: str, port: int, max_context: int, slots: int, flags: list[str] | None = None,
-                         threads: int = 2) -> list[str]:
+                         threads: int = 2, prompt_cache: bool = True) -> list[str]:
     """`llama-server` for a GGUF model, `slots` requests at a time of max_context tokens each, with
-    Prometheus counters on."""
+    Prometheus counters on; prompt_cache=False: without its in-memory cache of whole prompts
+    (`--cache-ram 0`; it would serve a prompt asked again)."""
     return [LLAMA_SERVER, "-m", gguf(model), "-t", str(threads), "-np", str(slots), "-c", str(max_context * slots),
-            "--metrics", "--no-webui", "--host", "127.0.0.1", *(flags or []), "--port", str(port)]
+            "--metrics", "--no-webui", "--host", "127.0.0.1", *(flags or []),
+            *([] if prompt_cache else ["--cache-ram", "0"]), "--port", str(port)]
 
 
 def check_installed(cmd: list[str]) -> None:

@@ -217,7 +217,8 @@ def plan_peer(engine: str, target: str, method: str, k: int, draft_model: str, b
     every K' <= k predicted (predict_fixed_k) over the workload and per prompt category, the best
     that keeps every category at `floor` or above (choose_k) written as the engine's setting (vLLM:
     vllm_speculative_config.json; llama-server: llama_server_flags.txt), then the engine started
-    with exactly that setting and measured against the same plain server. `bench_kw`: the
+    with exactly that setting and measured against the same plain server (every server without
+    its prompt cache: the plain one is asked every prompt twice). `bench_kw`: the
     BenchConfig fields of the workload (target, workload, n_per_category, seed, max_tokens; the
     pilot's max_tokens under "pilot_tokens"). Returns {"predicted", "per_category", "best",
     "measured"}."""
@@ -226,11 +227,11 @@ def plan_peer(engine: str, target: str, method: str, k: int, draft_model: str, b
 
     if engine == "vllm":
         spec = lambda d: vllm_spec(method, d, draft_model)  # noqa: E731
-        cmd = lambda p, s: vllm_command(target, p, max_context, 1, s)  # noqa: E731
+        cmd = lambda p, s: vllm_command(target, p, max_context, 1, s, prompt_cache=False)  # noqa: E731
         setting, write = "vllm_speculative_config.json", lambda s: json.dumps(s) + "\n"  # noqa: E731
     elif engine == "llama-server":
         spec = lambda d: llama_spec(method, d, draft_model)  # noqa: E731
-        cmd = lambda p, s: llama_server_command(target, p, max_context, 1, s)  # noqa: E731
+        cmd = lambda p, s: llama_server_command(target, p, max_context, 1, s, prompt_cache=False)  # noqa: E731
         setting, write = "llama_server_flags.txt", lambda s: " ".join(s) + "\n"  # noqa: E731
     else:
         raise ValueError(f"plan --engine {engine!r}: expected vllm or llama-server")

@@ -97,6 +97,7 @@ def test_vllm_commands_and_speculative_configs():
     cmd = vllm_command("qwen2.5-coder-1.5b", 9001, 2048, 1, text)  # a file's text goes as it is
     assert cmd[0] == VLLM_SERVE and cmd[cmd.index("--speculative-config") + 1] == text
     assert cmd[-2:] == ["--port", "9001"] and "--speculative-config" not in vllm_command("m", 1, 8, 1)
+    assert "--no-enable-prefix-caching" in vllm_command("m", 1, 8, 1, prompt_cache=False) and "--no-enable-prefix-caching" not in cmd
 
 
 def test_llama_server_commands_and_draft_lengths():
@@ -115,6 +116,8 @@ def test_llama_server_commands_and_draft_lengths():
     cmd = llama_server_command("smollm2-135m", 9001, 1024, 4, llama_spec("ngram-simple", 6))
     assert cmd[0] == LLAMA_SERVER and cmd[cmd.index("-c") + 1] == "4096" and cmd[cmd.index("-np") + 1] == "4"
     assert cmd[-2:] == ["--port", "9001"] and "--metrics" in cmd and "--spec-ngram-simple-size-m" in cmd
+    assert "--cache-ram" not in cmd  # llama.cpp's default; the plan turns it off:
+    assert llama_server_command("smollm2-135m", 1, 64, 1, prompt_cache=False)[-4:] == ["--cache-ram", "0", "--port", "1"]
 
 
 def test_plan_refuses_a_bad_peer_setting_before_starting_a_server(tmp_path):
