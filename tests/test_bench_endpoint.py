@@ -30,7 +30,9 @@ vllm:num_requests_running{{engine="0",model_name="m"}} 0.0
 
 class FakeServer:
     """Streams PIECES for each request; each request adds 3 drafts of 3 tokens, 4 accepted (3 at
-    position 0, 1 at position 1) to its counters. `usage` off: no usage chunk; `spec` off: no counters."""
+    position 0, 1 at position 1) to its counters. `usage` off: no usage chunk; `spec` off: no counters.
+    Its usage counts 7 completion tokens (not the 4 pieces, so tests see where a count came from);
+    with `logprobs` on, one token per piece, as a server that reports logprobs does."""
 
     PIECES = ["Hel", "lo", " wor", "ld"]
 
@@ -107,7 +109,7 @@ class FakeServer:
                 with srv.lock:  # counted before the stream ends, so /metrics read afterwards has it
                     srv.requests += 1
                 if srv.usage:
-                    self._chunk({"id": "x", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 7}})
+                    self._chunk({"id": "x", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": len(pieces) if srv.logprobs else 7}})
                 self._chunk("[DONE]")
                 self.wfile.write(b"0\r\n\r\n")
                 with srv.lock:
