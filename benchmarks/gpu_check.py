@@ -5,10 +5,12 @@ No real weights travel to the GPU machine, so this uses randomly initialised mod
    acceptance), greedy plain vs model drafter (D = 4 and auto) vs n-gram drafter: identical tokens;
    seeded sampling repeats itself; rejection sampling runs end to end on GPU-produced logits.
 2. cost curves: forward over k = 1..17 new tokens (logits at all k) for the Qwen2.5-Coder-1.5B and
-   0.5B *architectures* in bf16. A forward's time does not depend on the weights' values, so these
-   are the curves the planner would measure for the real models on this GPU.
+   0.5B *architectures* in bf16, the 1.5B also returning its features (what a head reads), and the
+   packaged draft head (its real weights, in the repository) on that target. A forward's time does
+   not depend on the weights' values, so these are the curves the planner would measure for the
+   real models on this GPU.
 3. with --engine: plain vs speculative decoding through the engine on those architectures (random
-   weights, bf16), greedy outputs compared with plain decoding. Random weights make acceptance
+   weights, bf16) and the packaged head, greedy outputs compared with plain decoding. Random weights make acceptance
    meaningless as a property of the models, so this measures the engine and the planner, not the
    drafters: a random 0.5B draft agrees with the random target almost never (the planner should
    stop drafting with it).
@@ -28,11 +30,15 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from draftwise.backends.head_runner import HeadRunner
 from draftwise.backends.torch_runner import TorchRunner
+from draftwise.drafters.head import HeadDrafter
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
-from draftwise.planner import PRIORS, CostCurve, Planner
+from draftwise.models.head import HeadConfig, load_head, new_head
+from draftwise.models.heads import resolve_head
+from draftwise.planner import PRIORS, CostCurve, Planner, planner_defaults
 from draftwise.profile import profile_runner
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -85,7 +91,11 @@ def exactness(device: str) -> dict:
     prof = profile_runner(t_run, range(1, 18), (1,), context_len=64, repeats=2)
     dprof = profile_runner(d_run, range(1, 18), (1,), context_len=64, repeats=2)
     planner = Planner(CostCurve.from_profile(prof), CostCurve.from_profile(dprof), prior=PRIORS["model"])
+    emb, rows = t_run.embedding_tables()
+    hc = HeadConfig(128, 4, 2, 32, 256, 512, 512)  # a random head for the tiny target: rare acceptance
+    head = new_head(hc, emb, rows(torch.arange(512)), torch.zeros(512, dtype=torch.long)).to(device)
     runs = {"model:4": Engine(t_run, Ids(), ModelDrafter(d_run), 4),
+            "head:4": Engine(t_run, Ids(), HeadDrafter(HeadRunner(head, max_context=1024)), 4),
             "model:auto": Engine(t_run, Ids(), ModelDrafter(d_run), "auto", planner=planner),
             "ngram:4": Engine(t_run, Ids(), NgramDrafter(), 4)}
     for name, eng in runs.items():
@@ -112,10 +122,37 @@ def curves(device: str) -> dict:
                          weights="random (cost does not depend on values)", seconds=time.perf_counter() - t0)
         res[name] = json.loads(prof.to_json())
         print(prof.format_table(), flush=True)
+        if name == "qwen2.5-coder-1.5b":  # with its features (the head's input), and the head on it
+            runner.features = []
+            prof = profile_runner(runner, range(1, 18), (1,), context_len=256, repeats=5, warmup=2)
+            prof.meta.update(model_architecture=name, dtype="bfloat16", device=_device_name(), features="last")
+            res[name + "+features"] = json.loads(prof.to_json())
+            runner.features = None
+            hrun = head_runner(runner)
+            prof = profile_runner(hrun, range(1, 18), (1,), context_len=256, repeats=5, warmup=2)
+            prof.meta.update(head="qwen2.5-coder-1.5b-head (packaged weights)", dtype=str(hrun.head.fc.weight.dtype),
+                             device=_device_name())
+            res["qwen2.5-coder-1.5b-head"] = json.loads(prof.to_json())
+            print(prof.format_table(), flush=True)
+            del hrun
         del runner, model
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
     return res
+
+
+def head_runner(target: TorchRunner, packaged: bool = DEVICE == "cuda") -> HeadRunner:
+    """The packaged head of the 1.5B on `target` (its embedding and LM head rows), in the target's
+    dtype and device; on the CPU smoke path (tiny shapes) a random head of the target's size."""
+    emb, rows = target.embedding_tables()
+    if packaged:
+        head = load_head(resolve_head(None, "qwen2.5-coder-1.5b"), target)
+    else:
+        H, V = target.hidden_size, target.vocab_size
+        head = new_head(HeadConfig(H, 4, 2, H // 4, 2 * H, V, min(V, 1024)), emb, rows(torch.arange(min(V, 1024))),
+                        torch.zeros(min(V, 1024), dtype=torch.long))
+    dtype = next(target.model.parameters()).dtype
+    return HeadRunner(head.to(target.device, dtype), "qwen2.5-coder-1.5b-head", max_context=4096)
 
 
 def model(name: str, seed: int) -> TorchRunner:
@@ -130,7 +167,8 @@ def engine_run(max_tokens: int) -> dict:
     """Plain and speculative configurations through the engine on the two architectures, 4 prompts."""
     target, draft = model("qwen2.5-coder-1.5b", 0), model("qwen2.5-coder-0.5b", 1)
     curve = lambda r: CostCurve.from_profile(profile_runner(r, range(1, 18), (1,), 256, repeats=3))  # noqa: E731
-    t_curve, d_curve = curve(target), curve(draft)
+    hrun = head_runner(target)
+    t_curve, d_curve, h_curve = curve(target), curve(draft), curve(hrun)
     engines = {
         "plain": Engine(target, Ids()),
         "ngram:4": Engine(target, Ids(), NgramDrafter(), 4),
@@ -140,6 +178,9 @@ def engine_run(max_tokens: int) -> dict:
         "model:4": Engine(target, Ids(), ModelDrafter(draft), 4),
         "model:auto": Engine(target, Ids(), ModelDrafter(draft), "auto",
                              planner=Planner(t_curve, d_curve, prior=PRIORS["model"])),
+        "head:4": Engine(target, Ids(), HeadDrafter(hrun), 4),
+        "head:auto": Engine(target, Ids(), HeadDrafter(hrun), "auto",
+                            planner=Planner(t_curve, h_curve, **planner_defaults("head", t_curve, h_curve, 16))),
     }
     prompts = [[(7 * i + j) % 5000 + 100 for j in range(64)] for i in range(4)]
     for e in engines.values():  # warm-up: kernels, allocator, the planners' first estimates

@@ -151,12 +151,18 @@ def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_run
     runner's embedding, LM head and sizes."""
     kind = kind or spec.drafter
     if kind == "head":
+        import torch
+
         from draftwise.models.head import load_head
         from draftwise.models.heads import resolve_head
 
         if draft_runner is None:
             path = resolve_head(spec.head, spec.target)
-            draft_runner = HeadRunner(load_head(path, target), str(path / "model.safetensors"), target.max_context)
+            head = load_head(path, target)
+            device = getattr(target, "device", None)  # a torch target on a GPU: the head beside it, in bf16
+            if device is not None and device.type != "cpu":
+                head = head.to(device, torch.bfloat16)
+            draft_runner = HeadRunner(head, str(path / "model.safetensors"), target.max_context)
         return HeadDrafter(draft_runner)
     if kind == "auto":
         shared = shared or {}

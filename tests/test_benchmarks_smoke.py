@@ -146,11 +146,13 @@ def test_gpu_check_on_the_cpu(tmp_path):
         pytest.skip("a GPU is present: the smoke test is the CPU path")
     gpu.main(["--out", str(tmp_path), "--skip-curves"])
     ex = json.loads((tmp_path / "gpu_exactness.json").read_text())
-    assert ex["model:4"]["identical"] and ex["ngram:4"]["identical"] and ex["sampling_seeded_repeat"]
+    assert ex["model:4"]["identical"] and ex["ngram:4"]["identical"] and ex["head:4"]["identical"]
+    assert ex["sampling_seeded_repeat"]
     gpu.main(["--engine", "--max-tokens", "6", "--out", str(tmp_path)])
     summary = json.loads((tmp_path / "gpu_engine.json").read_text())["summary"]
-    assert set(summary) == {"plain", "ngram:4", "ngram:16", "ngram:auto", "model:4", "model:auto"}
-    assert summary["ngram:4"]["identical"]  # fp32 on the CPU: exact
+    assert set(summary) == {"plain", "ngram:4", "ngram:16", "ngram:auto", "model:4", "model:auto", "head:4", "head:auto"}
+    assert summary["ngram:4"]["identical"] and summary["head:4"]["identical"]  # fp32 on the CPU: exact
+    assert summary["head:4"]["rounds"] > 0
 
 
 def test_gpu_predict_on_the_saved_curves(capsys):
@@ -159,6 +161,7 @@ def test_gpu_predict_on_the_saved_curves(capsys):
                                 "--rows", str(data / "core_torch_packed.jsonl")])
     out = capsys.readouterr().out
     assert "0.5B draft, HumanEval: alpha_1..4 = [0.95, 0.93, 0.96, 0.92]" in out and "best D=0" in out
+    assert "head, humaneval: alpha_1..3 = [0.31, 0.38, 0.52]" in out and "head needs alpha >= " in out
 
 
 def test_server_bench_commands(capsys):

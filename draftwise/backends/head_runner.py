@@ -33,7 +33,8 @@ class HeadRunner:
         self.model_path = model_path  # names the head in its cached cost curve
         self.max_context = max_context
         self.vocab_size = vocab_size or head.config.vocab_size
-        self._ids = head.draft_to_target  # [dv]
+        self._ids = head.draft_to_target.cpu()  # [dv]
+        self.device = head.fc.weight.device
         self._seqs: dict[int, _Seq] = {}
         self._next = 0
 
@@ -59,18 +60,19 @@ class HeadRunner:
             if s.feats is not None:
                 if len(s.feats) != n:
                     raise ValueError(f"{len(s.feats)} features given for {n} tokens")
-                hid = h.fc(s.feats.to(h.fc.weight.dtype))[None]  # [1, n, H]
+                hid = h.fc(s.feats.to(h.fc.weight))[None]  # [1, n, H]
             elif s.last is not None:
                 hid = s.last.expand(1, n, -1)
             else:  # nothing to read (a cost measurement): zeros
-                hid = torch.zeros(1, n, h.config.hidden_size, dtype=h.fc.weight.dtype)
+                hid = torch.zeros(1, n, h.config.hidden_size, dtype=h.fc.weight.dtype, device=self.device)
             s.feats = None
-            res, (s.k, s.v) = h.layer(torch.tensor([toks]), hid, torch.arange(P, P + n),
+            res, (s.k, s.v) = h.layer(torch.tensor([toks], device=self.device), hid,
+                                      torch.arange(P, P + n, device=self.device),
                                       None if s.k is None else (s.k, s.v))
             s.last = res[:, -1:]
             rows = torch.full((k, self.vocab_size), float("-inf"))  # [k, V]: -inf outside the draft vocabulary
             if k:
-                rows[:, self._ids] = h.logits(res[0, n - k:]).float()
+                rows[:, self._ids] = h.logits(res[0, n - k:]).float().cpu()  # verification runs on the host
             out.append(rows)
         return out
 

@@ -145,7 +145,7 @@ class DraftHead(nn.Module):
 
     @property
     def draft_to_target(self) -> torch.Tensor:  # [dv] target token id of each draft id
-        return torch.arange(self.config.draft_vocab_size) + self.d2t
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
 
     def layer(self, tok: torch.Tensor, hid: torch.Tensor, pos: torch.Tensor, past=None, mask=None):
         """tok: [B, T] token ids; hid: [B, T, H] (fc already applied to target features); pos: [T]
@@ -167,7 +167,7 @@ class DraftHead(nn.Module):
         kk, vv = (k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)) if rep > 1 else (k, v)
         if mask is None and past is not None and T > 1:
             P = past[0].shape[2]
-            mask = torch.ones(T, P + T, dtype=torch.bool).tril(P)
+            mask = torch.ones(T, P + T, dtype=torch.bool, device=hid.device).tril(P)
         o = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, is_causal=mask is None and past is None and T > 1)
         h = hid + a.o_proj(o.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
         out = h + m.mlp(m.post_attention_layernorm(h))
