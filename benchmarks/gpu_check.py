@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -36,7 +38,8 @@ from draftwise.drafters.head import HeadDrafter
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
-from draftwise.models.head import HeadConfig, load_head, new_head
+from draftwise.build import load_drafter
+from draftwise.models.head import HeadConfig, load_head, new_head, save_head
 from draftwise.models.heads import resolve_head
 from draftwise.planner import PRIORS, CostCurve, Planner, planner_defaults
 from draftwise.profile import profile_runner
@@ -93,9 +96,12 @@ def exactness(device: str) -> dict:
     planner = Planner(CostCurve.from_profile(prof), CostCurve.from_profile(dprof), prior=PRIORS["model"])
     emb, rows = t_run.embedding_tables()
     hc = HeadConfig(128, 4, 2, 32, 256, 512, 512)  # a random head for the tiny target: rare acceptance
-    head = new_head(hc, emb, rows(torch.arange(512)), torch.zeros(512, dtype=torch.long)).to(device)
+    head = new_head(hc, emb, rows(torch.arange(512)), torch.zeros(512, dtype=torch.long))
+    with tempfile.TemporaryDirectory() as d:  # loaded as the CLI loads a head: beside the target (bf16 on a GPU)
+        save_head(head, d)
+        head_drafter = load_drafter(SimpleNamespace(drafter="head", head=d, target="tiny"), None, target=t_run)
     runs = {"model:4": Engine(t_run, Ids(), ModelDrafter(d_run), 4),
-            "head:4": Engine(t_run, Ids(), HeadDrafter(HeadRunner(head, max_context=1024)), 4),
+            "head:4": Engine(t_run, Ids(), head_drafter, 4),
             "model:auto": Engine(t_run, Ids(), ModelDrafter(d_run), "auto", planner=planner),
             "ngram:4": Engine(t_run, Ids(), NgramDrafter(), 4)}
     for name, eng in runs.items():
@@ -106,6 +112,7 @@ def exactness(device: str) -> dict:
     a = eng.generate(prompt, max_tokens=48, temperature=0.8, top_p=0.9, seed=7)
     b = eng.generate(prompt, max_tokens=48, temperature=0.8, top_p=0.9, seed=7)
     out["sampling_seeded_repeat"] = a.token_ids == b.token_ids
+    out["head_dtype"] = str(head_drafter.runner.head.fc.weight.dtype)
     out["sampling_acceptance_rate"] = a.stats.acceptance_rate
     return out
 
