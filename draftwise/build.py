@@ -3,6 +3,7 @@ check and the draft-length policy; then an Engine (one request at a time) or a S
 from __future__ import annotations
 
 import gc
+import re
 import sys
 from dataclasses import dataclass
 
@@ -48,6 +49,7 @@ class ModelFields:
     target: str = DEFAULT_TARGET
     draft_model: str = DEFAULT_DRAFT
     backend: str | None = None  # None: llama.cpp for GGUF on CPU if installed, else torch
+    device: str | None = None  # torch only: "cpu", "cuda" or "cuda:N"; None: a GPU when there is one
     draft_backend: str | None = None  # None: the target's backend
     threads: int | None = None
     max_context: int | None = None  # tokens per sequence
@@ -68,6 +70,8 @@ class ModelFields:
             raise ValueError(f"n-gram sizes need 1 <= min <= max, got {self.ngram_min}, {self.ngram_max}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"unknown device {self.device!r}; expected cpu, cuda or cuda:N")
         if self.kernels not in KERNELS:
             raise ValueError(f"unknown kernels {self.kernels!r}; choose one of {', '.join(KERNELS)}")
         self.auto_members = tuple(self.auto_members)
@@ -96,9 +100,11 @@ class EngineSpec(ModelFields):
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")
         self.check_models()
         if self.backend is None:
-            self.backend = default_backend(self.target)
+            self.backend = default_backend(self.target, self.device)
         if self.draft_backend is None:
             self.draft_backend = self.backend
+        if self.device not in (None, "cpu") and "torch" not in (self.backend, self.draft_backend):
+            raise ValueError(f"device {self.device!r}: the llama.cpp backend runs on the CPU only (use --backend torch)")
         self.kernels = resolve_kernels(self.kernels, self.drafter != "none")
 
 
@@ -214,9 +220,18 @@ def build_scheduler(spec: EngineSpec, observer=None, max_queue: int = 64, spec_o
                      **scheduler_kw), tok
 
 
+def torch_device(device: str | None) -> str:
+    """The device a torch model loads on: the one named, else a GPU when torch sees one."""
+    if device is not None:
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _backend_kw(backend: str, spec: EngineSpec, draft: bool = False, kernels: str | None = None) -> dict:
     if backend == "torch":  # a draft model steps one token at a time: oneDNN where faster, else plain sgemm
-        return {"pack": "single"} if draft else {}
+        return {"device": torch_device(spec.device), **({"pack": "single"} if draft else {})}
     if backend != "llama.cpp":
         return {}
     return {"fast_kernels": (kernels or spec.kernels) == "repacked", "n_seq_max": spec.max_running,

@@ -59,6 +59,8 @@ def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
     p.add_argument("--backend", choices=("torch", "llama.cpp"), default=None,
                    help="default: llama.cpp for GGUF models without a GPU (if installed), else torch")
     p.add_argument("--draft-backend", choices=("torch", "llama.cpp"), default=None, help="default: the target's")
+    p.add_argument("--device", default=None, help="torch models: cpu, cuda or cuda:N (bf16 on a GPU, fp32 on the "
+                   "CPU); default: a GPU when torch sees one")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--max-context", type=int, default=None, help="tokens per sequence")
     p.add_argument("--n-batch", type=int, default=None, help="llama.cpp: tokens per decode call (default 512)")
@@ -201,11 +203,14 @@ def cmd_train_head(a) -> int:
 
 
 def cmd_profile(a) -> int:
+    from draftwise.build import torch_device
     from draftwise.models.load import default_backend, load_runner
     from draftwise.profile import profile_runner
 
-    backend = a.backend or default_backend(a.model)
-    runner, _ = load_runner(a.model, backend, a.threads)
+    backend = a.backend or default_backend(a.model, a.device)
+    if backend != "torch" and a.device not in (None, "cpu"):
+        raise ValueError(f"device {a.device!r}: the {backend} backend runs on the CPU only (use --backend torch)")
+    runner, _ = load_runner(a.model, backend, a.threads, **({"device": torch_device(a.device)} if backend == "torch" else {}))
     res = profile_runner(runner, ks=range(1, a.max_k + 1), batch_sizes=tuple(a.batch_sizes),
                          context_len=a.context_len, repeats=a.repeats)
     print(f"{a.model} on {backend}, context {a.context_len}")
@@ -568,6 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="time one forward over k new tokens (logits at all k), per k and batch")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--backend", choices=("torch", "llama.cpp"), default=None)
+    p.add_argument("--device", default=None, help="torch: cpu, cuda or cuda:N; default: a GPU when torch sees one")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--context-len", type=int, default=256)
     p.add_argument("--max-k", type=int, default=17)

@@ -42,6 +42,24 @@ def test_one_set_of_model_defaults():
     assert (a.target, a.draft_model, a.kernels) == (spec.target, spec.draft_model, "auto")
 
 
+def test_device_is_checked_and_reaches_the_torch_loader(capsys):
+    from draftwise.build import _backend_kw
+
+    with pytest.raises(ValueError, match="unknown device 'gpu'; expected cpu, cuda or cuda:N"):
+        EngineSpec(device="gpu")
+    with pytest.raises(ValueError, match="the llama.cpp backend runs on the CPU only"):
+        EngineSpec(device="cuda", backend="llama.cpp")
+    assert cli.main(["generate", "--backend", "llama.cpp", "--device", "cuda:0", "--max-tokens", "2"]) == 2
+    assert "runs on the CPU only" in capsys.readouterr().err
+    spec = EngineSpec(device="cuda:1", backend="torch", drafter="model")
+    assert _backend_kw("torch", spec) == {"device": "cuda:1"}
+    assert _backend_kw("torch", spec, draft=True) == {"device": "cuda:1", "pack": "single"}
+    import torch
+    if not torch.cuda.is_available():  # the default: the CPU here, and GGUF models on llama.cpp
+        assert _backend_kw("torch", EngineSpec(backend="torch")) == {"device": "cpu"}
+        assert EngineSpec(device="cpu").backend == EngineSpec().backend == "llama.cpp"
+
+
 def test_verify_and_plan_run_through_the_cli(tmp_path, capsys):
     small = ["--target", "smollm2-135m", "--drafter", "ngram", "--max-tokens", "16"]
     assert cli.main(["verify", *small, "--temperature", "0", "--prompts", "1", "--num-draft-tokens", "4"]) == 0

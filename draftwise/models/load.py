@@ -81,11 +81,13 @@ def load_llama(spec: str, threads: int | None = None, n_ctx: int | None = None, 
 BACKENDS = ("torch", "llama.cpp")
 
 
-def default_backend(spec: str) -> str:
-    """llama.cpp for GGUF models on a machine without a GPU, torch otherwise."""
+def default_backend(spec: str, device: str | None = None) -> str:
+    """llama.cpp for GGUF models running on the CPU (`device` cpu, or None on a machine without a
+    GPU), torch otherwise."""
     import torch
 
-    if (spec.endswith(".gguf") or spec in PACKAGED) and not torch.cuda.is_available():
+    on_cpu = device == "cpu" or (device is None and not torch.cuda.is_available())
+    if (spec.endswith(".gguf") or spec in PACKAGED) and on_cpu:
         try:
             import llama_cpp  # noqa: F401
             return "llama.cpp"
