@@ -3,8 +3,8 @@
 
     ask(st, batch, room)            tokens to ask a cheap drafter for, before choosing
     select(st, batch, proposal)     -> the part of a cheap drafter's proposal to verify (may be none)
-    deferred(st)                    -> (member, D, stop) when select chose a member with a model,
-                                       which drafts after the step's choices are settled; else None
+    deferred(st)                    -> (member, D, stop, behind) when select chose a member with a
+                                       model, which drafts after the step's choices are settled; else None
     choose(st, batch, available, behind) -> D this round (0: a plain step), for a draft model
     pays(batch)                     does the step as the requests chose it beat a plain step?
     stop(st)                        the draft model's early-stop rule for this round, or None
@@ -80,7 +80,7 @@ class DraftPolicy(Protocol):
     def begin(self, st) -> None: ...
     def ask(self, st, batch: Batch, room: int) -> int: ...
     def select(self, st, batch: Batch, cand: Proposal) -> Proposal: ...
-    def deferred(self, st) -> tuple[str, int, StopRule | None] | None: ...
+    def deferred(self, st) -> tuple[str, int, StopRule | None, int] | None: ...
     def choose(self, st, batch: Batch, available: int, behind: int) -> int: ...
     def pays(self, batch: Batch) -> bool: ...
     def stop(self, st) -> StopRule | None: ...
@@ -299,11 +299,11 @@ class DrafterChoice:
         batch.record(c.plan.d, c.plan.expected)
         return _NONE if c.chosen in self.dear else options[c.chosen].head(c.plan.d)
 
-    def deferred(self, st) -> tuple[str, int, StopRule | None] | None:
+    def deferred(self, st) -> tuple[str, int, StopRule | None, int] | None:
         c = st.policy
         if c is None or c.chosen not in self.dear:
             return None
-        return c.chosen, c.plan.d, c.plan.stop
+        return c.chosen, c.plan.d, c.plan.stop, c.plan.behind
 
     def choose(self, st, batch: Batch, available: int, behind: int) -> int:
         raise TypeError("drafter auto is asked through select (its cheap members propose first)")

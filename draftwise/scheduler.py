@@ -516,25 +516,20 @@ class Scheduler:
         todo: dict[str, list] = {}
         for i, st in enumerate(batch):
             d = self.policy.deferred(st) if props[i] is not None else None
-            if d is not None:
-                todo.setdefault(d[0], []).append((i, (st.key, st.ctx, d[1], st.req.params, st.gen, d[2])))
+            if d is not None:  # (member, D, stop, behind)
+                todo.setdefault(d[0], []).append((i, (d[3], d[1], d[2])))
         out = (0, 1, None)
         for name, work in todo.items():
             t = time.perf_counter()
-            behind = self.drafter.dear[name].pending(work[0][1][0], work[0][1][1])
-            try:
-                drafts = self.drafter.draft_many(name, [it for _, it in work])
-            except Exception as e:  # noqa: BLE001
-                log.warning("a batched draft of %d sequences failed; retrying each alone", len(work), exc_info=e)
-                self.observer.fault("draft")
-                drafts = [self._try(batch[i], lambda it=it: self.drafter.draft_many(name, [it])[0]) for i, it in work]
+            drafts = self._draft_many([(batch[i], plan) for i, plan in work],
+                                      lambda items, name=name: self.drafter.draft_many(name, items))
             dt = time.perf_counter() - t
             for (i, _), prop in zip(work, drafts):
                 props[i] = prop
                 batch[i].stats.draft_s += dt
             self.observer.phase("draft", dt)
             if len(batch) == 1 and drafts[0] is not None:
-                out = (drafts[0].forwards or len(drafts[0].tokens), behind, (name, dt))
+                out = (drafts[0].forwards or len(drafts[0].tokens), work[0][1][0], (name, dt))
         return out
 
     def _settle(self, batch: list[RequestState], cands: list[Proposal | None], live: list[int],
@@ -599,15 +594,17 @@ class Scheduler:
         step.me = i
         return behind, self.policy.choose(st, step, st.out.remaining - 1, behind), self.policy.stop(st)
 
-    def _draft_many(self, todo: list) -> list[Proposal | None]:
-        """The draft model's lockstep drafts; if that fails, each request's draft alone once."""
+    def _draft_many(self, todo: list, propose_many=None) -> list[Proposal | None]:
+        """Lockstep drafts of (request, (behind, D, stop)) by the draft model (or `propose_many`,
+        drafter auto's chosen member); if that fails, each request's draft alone once."""
+        propose_many = propose_many or self.drafter.propose_many
         items = [(st.key, st.ctx, d, st.req.params, st.gen, stop) for st, (_, d, stop) in todo]
         try:
-            return self.drafter.propose_many(items)
+            return propose_many(items)
         except Exception as e:  # noqa: BLE001
             log.warning("a batched draft of %d sequences failed; retrying each alone", len(items), exc_info=e)
             self.observer.fault("draft")
-        return [self._try(st, lambda it=it: self.drafter.propose_many([it])[0]) for (st, _), it in zip(todo, items)]
+        return [self._try(st, lambda it=it: propose_many([it])[0]) for (st, _), it in zip(todo, items)]
 
     def _verify(self, logits: torch.Tensor, prop: Proposal, params: SamplingParams, gen) -> VerifyResult:
         if prop.is_tree:
