@@ -32,15 +32,13 @@ from types import SimpleNamespace
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from draftwise.backends.head_runner import HeadRunner
 from draftwise.backends.torch_runner import TorchRunner
 from draftwise.drafters.head import HeadDrafter
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
 from draftwise.build import load_drafter
-from draftwise.models.head import HeadConfig, load_head, new_head, save_head
-from draftwise.models.heads import resolve_head
+from draftwise.models.head import HeadConfig, new_head, save_head
 from draftwise.planner import PRIORS, CostCurve, Planner, planner_defaults
 from draftwise.profile import profile_runner
 
@@ -94,14 +92,9 @@ def exactness(device: str) -> dict:
     prof = profile_runner(t_run, range(1, 18), (1,), context_len=64, repeats=2)
     dprof = profile_runner(d_run, range(1, 18), (1,), context_len=64, repeats=2)
     planner = Planner(CostCurve.from_profile(prof), CostCurve.from_profile(dprof), prior=PRIORS["model"])
-    emb, rows = t_run.embedding_tables()
-    hc = HeadConfig(128, 4, 2, 32, 256, 512, 512)  # a random head for the tiny target: rare acceptance
-    head = new_head(hc, emb, rows(torch.arange(512)), torch.zeros(512, dtype=torch.long))
-    with tempfile.TemporaryDirectory() as d:  # loaded as the CLI loads a head: beside the target (bf16 on a GPU)
-        save_head(head, d)
-        head_drafter = load_drafter(SimpleNamespace(drafter="head", head=d, target="tiny"), None, target=t_run)
+    hd = head_drafter(t_run, packaged=False)  # a random head for the tiny target: rare acceptance
     runs = {"model:4": Engine(t_run, Ids(), ModelDrafter(d_run), 4),
-            "head:4": Engine(t_run, Ids(), head_drafter, 4),
+            "head:4": Engine(t_run, Ids(), hd, 4),
             "model:auto": Engine(t_run, Ids(), ModelDrafter(d_run), "auto", planner=planner),
             "ngram:4": Engine(t_run, Ids(), NgramDrafter(), 4)}
     for name, eng in runs.items():
@@ -112,7 +105,7 @@ def exactness(device: str) -> dict:
     a = eng.generate(prompt, max_tokens=48, temperature=0.8, top_p=0.9, seed=7)
     b = eng.generate(prompt, max_tokens=48, temperature=0.8, top_p=0.9, seed=7)
     out["sampling_seeded_repeat"] = a.token_ids == b.token_ids
-    out["head_dtype"] = str(head_drafter.runner.head.fc.weight.dtype)
+    out["head_dtype"] = str(hd.runner.head.fc.weight.dtype)
     out["sampling_acceptance_rate"] = a.stats.acceptance_rate
     return out
 
@@ -135,7 +128,7 @@ def curves(device: str) -> dict:
             prof.meta.update(model_architecture=name, dtype="bfloat16", device=_device_name(), features="last")
             res[name + "+features"] = json.loads(prof.to_json())
             runner.features = None
-            hrun = head_runner(runner)
+            hrun = head_drafter(runner).runner
             prof = profile_runner(hrun, range(1, 18), (1,), context_len=256, repeats=5, warmup=2)
             prof.meta.update(head="qwen2.5-coder-1.5b-head (packaged weights)", dtype=str(hrun.head.fc.weight.dtype),
                              device=_device_name())
@@ -148,18 +141,20 @@ def curves(device: str) -> dict:
     return res
 
 
-def head_runner(target: TorchRunner, packaged: bool = DEVICE == "cuda") -> HeadRunner:
-    """The packaged head of the 1.5B on `target` (its embedding and LM head rows), in the target's
-    dtype and device; on the CPU smoke path (tiny shapes) a random head of the target's size."""
-    emb, rows = target.embedding_tables()
+def head_drafter(target: TorchRunner, packaged: bool = DEVICE == "cuda") -> HeadDrafter:
+    """The packaged head of the 1.5B on `target`, or (tiny shapes) a random head of the target's
+    size; loaded as the CLI loads a head: beside the target, in bf16 on a GPU."""
+    spec = SimpleNamespace(drafter="head", head=None, target="qwen2.5-coder-1.5b")
     if packaged:
-        head = load_head(resolve_head(None, "qwen2.5-coder-1.5b"), target)
-    else:
-        H, V = target.hidden_size, target.vocab_size
-        head = new_head(HeadConfig(H, 4, 2, H // 4, 2 * H, V, min(V, 1024)), emb, rows(torch.arange(min(V, 1024))),
-                        torch.zeros(min(V, 1024), dtype=torch.long))
-    dtype = next(target.model.parameters()).dtype
-    return HeadRunner(head.to(target.device, dtype), "qwen2.5-coder-1.5b-head", max_context=4096)
+        return load_drafter(spec, None, target=target)
+    emb, rows = target.embedding_tables()
+    H, V = target.hidden_size, target.vocab_size
+    dv = min(V, 1024)
+    head = new_head(HeadConfig(H, 4, 2, H // 4, 2 * H, V, dv), emb, rows(torch.arange(dv)), torch.zeros(dv, dtype=torch.long))
+    with tempfile.TemporaryDirectory() as d:
+        save_head(head, d)
+        spec.head = d
+        return load_drafter(spec, None, target=target)
 
 
 def model(name: str, seed: int) -> TorchRunner:
@@ -174,7 +169,7 @@ def engine_run(max_tokens: int) -> dict:
     """Plain and speculative configurations through the engine on the two architectures, 4 prompts."""
     target, draft = model("qwen2.5-coder-1.5b", 0), model("qwen2.5-coder-0.5b", 1)
     curve = lambda r: CostCurve.from_profile(profile_runner(r, range(1, 18), (1,), 256, repeats=3))  # noqa: E731
-    hrun = head_runner(target)
+    hrun = head_drafter(target).runner
     t_curve, d_curve, h_curve = curve(target), curve(draft), curve(hrun)
     engines = {
         "plain": Engine(target, Ids()),

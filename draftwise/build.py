@@ -14,7 +14,7 @@ from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
-from draftwise.models.load import default_backend, load_runner
+from draftwise.models.load import default_backend, load_runner, torch_device
 from draftwise.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from draftwise.policy import make_policy
 from draftwise.request import check_draft_len
@@ -218,15 +218,6 @@ def build_scheduler(spec: EngineSpec, observer=None, max_queue: int = 64, spec_o
     policy = make_policy(spec.num_draft_tokens, runner, drafter, batch_sizes=sizes, off_above=spec_off_above)
     return Scheduler(runner, tok, drafter, policy, spec.max_running, max_queue, observer=observer,
                      **scheduler_kw), tok
-
-
-def torch_device(device: str | None) -> str:
-    """The device a torch model loads on: the one named, else a GPU when torch sees one."""
-    if device is not None:
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _backend_kw(backend: str, spec: EngineSpec, draft: bool = False, kernels: str | None = None) -> dict:

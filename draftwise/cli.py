@@ -203,14 +203,11 @@ def cmd_train_head(a) -> int:
 
 
 def cmd_profile(a) -> int:
-    from draftwise.build import torch_device
     from draftwise.models.load import default_backend, load_runner
     from draftwise.profile import profile_runner
 
     backend = a.backend or default_backend(a.model, a.device)
-    if backend != "torch" and a.device not in (None, "cpu"):
-        raise ValueError(f"device {a.device!r}: the {backend} backend runs on the CPU only (use --backend torch)")
-    runner, _ = load_runner(a.model, backend, a.threads, **({"device": torch_device(a.device)} if backend == "torch" else {}))
+    runner, _ = load_runner(a.model, backend, a.threads, device=a.device)  # llama.cpp refuses a GPU device
     res = profile_runner(runner, ks=range(1, a.max_k + 1), batch_sizes=tuple(a.batch_sizes),
                          context_len=a.context_len, repeats=a.repeats)
     print(f"{a.model} on {backend}, context {a.context_len}")

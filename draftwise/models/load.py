@@ -81,13 +81,18 @@ def load_llama(spec: str, threads: int | None = None, n_ctx: int | None = None, 
 BACKENDS = ("torch", "llama.cpp")
 
 
-def default_backend(spec: str, device: str | None = None) -> str:
-    """llama.cpp for GGUF models running on the CPU (`device` cpu, or None on a machine without a
-    GPU), torch otherwise."""
+def torch_device(device: str | None) -> str:
+    """The device a torch model loads on: the one named, else a GPU when torch sees one."""
+    if device is not None:
+        return device
     import torch
 
-    on_cpu = device == "cpu" or (device is None and not torch.cuda.is_available())
-    if (spec.endswith(".gguf") or spec in PACKAGED) and on_cpu:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_backend(spec: str, device: str | None = None) -> str:
+    """llama.cpp for GGUF models running on the CPU (`device`, torch_device), torch otherwise."""
+    if (spec.endswith(".gguf") or spec in PACKAGED) and torch_device(device) == "cpu":
         try:
             import llama_cpp  # noqa: F401
             return "llama.cpp"
@@ -100,7 +105,7 @@ def load_runner(spec: str, backend: str = "torch", threads: int | None = None,
                 max_context: int | None = None, **backend_kw):
     """(runner, tokenizer) for a model spec on the named backend."""
     if backend == "torch":
-        return load_torch(spec, device=backend_kw.get("device", "cpu"), threads=threads, max_context=max_context,
+        return load_torch(spec, device=torch_device(backend_kw.get("device")), threads=threads, max_context=max_context,
                           pack=backend_kw.get("pack"))
     if backend == "llama.cpp":
         return load_llama(spec, threads=threads, n_ctx=max_context, **backend_kw)
