@@ -367,20 +367,44 @@ class DrafterChoice:
                 p.finish(st.policy.reqs[name])
 
 
-def make_planner(runner, drafter: Drafter, max_draft: int = 16, batch_sizes=(1,), log=None,
+# The most draft tokens a round may verify. A cheap drafter's tokens cost nothing to draft, so its
+# rounds may verify up to 32: llama.cpp's verify curve is nearly flat from k = 17 to 32 (on the AMD EPYC a
+# forward of 32 tokens costs ~1.4x one of 16, docs/results.md §3), so a copied passage accepted
+# whole (an agent asking again) emits ~1.35x the tokens per second of 16-token rounds. A draft
+# model pays a forward per token, which such lengths never repay.
+MAX_DRAFT_CHEAP, MAX_DRAFT_MODEL = 32, 16
+
+
+def default_max_draft(drafter: Drafter) -> int:
+    return MAX_DRAFT_CHEAP if drafter.cheap else MAX_DRAFT_MODEL
+
+
+def make_planner(runner, drafter: Drafter, max_draft: int | None = None, batch_sizes=(1,), log=None,
                  verify_curve: CostCurve | None = None, **kw) -> Planner:
     """A planner over the measured forward-cost curves of the target (and of the draft model),
     measured once per machine and cached (draftwise.profile.cached_profile); `verify_curve`: the
-    target's curve already loaded (planners sharing it)."""
+    target's curve already loaded (planners sharing it). `max_draft`: default_max_draft."""
     from draftwise.profile import cached_profile
 
-    log = log or (lambda m: print(m, file=sys.stderr))
-    ks = range(1, max(max_draft, 16) + 2)  # k = 1..17 at least: one cached profile serves every D
-    verify = verify_curve or CostCurve.from_profile(cached_profile(runner, batch_sizes, ks, log=log))
+    max_draft = max_draft or default_max_draft(drafter)
+    verify = verify_curve or verify_profile(runner, max_draft, batch_sizes, log)
     draft = None
     if not drafter.cheap:
-        draft = CostCurve.from_profile(cached_profile(drafter.runner, (1,), range(1, 18), log=log))
+        draft = CostCurve.from_profile(cached_profile(drafter.runner, (1,), range(1, 18), log=_log(log)))
     return Planner(verify, draft, max_draft=max_draft, **{**planner_defaults(drafter.name, verify, draft, max_draft), **kw})
+
+
+def _log(log):
+    return log or (lambda m: print(m, file=sys.stderr))
+
+
+def verify_profile(runner, max_draft: int, batch_sizes=(1,), log=None) -> CostCurve:
+    """The target's verify curve over k = 1..max_draft + 1 (at least 1..17), measured once per
+    machine and cached."""
+    from draftwise.profile import cached_profile
+
+    ks = range(1, max(max_draft, 16) + 2)
+    return CostCurve.from_profile(cached_profile(runner, batch_sizes, ks, log=_log(log)))
 
 
 def make_policy(num_draft_tokens: int | str, runner, drafter: Drafter | None, batch_sizes=(1,),
@@ -396,12 +420,11 @@ def make_policy(num_draft_tokens: int | str, runner, drafter: Drafter | None, ba
     return FixedDraftLength(num_draft_tokens, off_above)
 
 
-def make_choice(runner, drafter, max_draft: int = 16, batch_sizes=(1,), log=None) -> DrafterChoice:
-    """One planner per member of an AutoDrafter, on the target's one measured verify curve."""
-    first = None
-    planners = {}
-    for name, member in drafter.members.items():
-        planners[name] = p = make_planner(runner, member, max_draft, batch_sizes, log=log,
-                                          **({} if first is None else {"verify_curve": first.verify}))
-        first = first or p
+def make_choice(runner, drafter, batch_sizes=(1,), log=None) -> DrafterChoice:
+    """One planner per member of an AutoDrafter (each with its default_max_draft), on the target's
+    one measured verify curve."""
+    members = drafter.members
+    verify = verify_profile(runner, max(default_max_draft(m) for m in members.values()), batch_sizes, log)
+    planners = {name: make_planner(runner, member, batch_sizes=batch_sizes, log=log, verify_curve=verify)
+                for name, member in members.items()}
     return DrafterChoice(planners, drafter.dear)

@@ -95,7 +95,24 @@ def test_the_longer_match_wins_across_tries():
     d.release(1)  # the global trie: [1 2 3 4] -> 5
     # the request's own tokens: [3 4] -> 8 (a shorter match); the global trie's longer one wins
     assert propose(d, 2, [3, 4, 8, 7, 1, 2, 3, 4], 2)[0] == [5, 6]
-    assert propose(d, 3, [3, 4, 8, 7, 0, 3, 4], 1)[0] == [8]  # only the request's own matches
+    assert propose(d, 3, [7, 8, 2, 0, 7, 8], 1)[0] == [2]  # only the request's own matches
+
+
+def test_a_tie_between_tries_goes_to_the_copy_the_target_followed():
+    d = SuffixDrafter(depth=8, max_match=3)
+    # four passages, each continued one way by an earlier output (the global trie) and another
+    # by the prompt (the request's trie): [1 2 3] -> 5 | 4, [6 7 8] -> 11 | 10, [12 13 14] -> 16 | 15,
+    # [17 18 19] -> 21 | 20; every lookup below is a tie (equally long matches, score 1 each)
+    run(d, 1, [0], [9, 1, 2, 3, 5, 6, 7, 8, 11, 12, 13, 14, 16, 17, 18, 19, 21])
+    d.release(1)
+    ctx = [1, 2, 3, 4, 6, 7, 8, 10, 12, 13, 14, 15, 17, 18, 19, 20, 0, 1, 2, 3]
+    assert propose(d, 2, ctx, 1)[0] == [5]  # the earlier output first
+    ctx += [4, 0, 6, 7, 8]  # the target wrote 4, not the draft's 5: the other trie wins the next tie
+    assert propose(d, 2, ctx, 1)[0] == [10]
+    ctx += [10, 0, 12, 13, 14]  # it followed that draft: the same trie again
+    assert propose(d, 2, ctx, 1)[0] == [15]
+    ctx += [16, 0, 17, 18, 19]  # it departed from it: back to the global one
+    assert propose(d, 2, ctx, 1)[0] == [21]
 
 
 def test_server_private_requests_and_the_shared_trie_metric():

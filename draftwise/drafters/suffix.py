@@ -3,10 +3,14 @@ request's own tokens and in a global one over recent requests' outputs (SuffixDe
 
 Each trie holds every substring of up to `depth` tokens of the sequences inserted, with how
 often it occurred. To propose, the context's last m tokens (m = max_match down to min_match) are
-looked up in both tries, the longest match with a continuation winning (then the higher score);
-from the node reached, the draft follows the most frequent child at each step, each
-token scored by its frequency among its siblings times its parent's score (an estimate of the
-chance the whole prefix so far is right), and stops where the score falls below `min_score`.
+looked up in both tries, the longest match with a continuation winning (then the higher score;
+then the trie the request's last draft came from if the target's tokens since followed it, else
+the other, the global one first: a prompt and an earlier output can share a passage and part ways
+after it; an earlier output is what the target itself wrote after it, and after that the copy the
+target is following is the one that was right last); from the node reached, the draft follows
+the most frequent child at each step, each token scored by its frequency among its siblings
+times its parent's score (an estimate of the chance the whole prefix so far is right), and stops
+where the score falls below `min_score`.
 The tries hold substrings of up to `depth` tokens, so a walk from an m-token match ends after
 depth - m tokens; there the draft re-anchors on its own last max_match tokens (context + draft) and
 walks on, its scores carrying on, so a long copied passage (an agent asking again) drafts as far
@@ -144,6 +148,9 @@ class _Request:
     prompt_len: int
     seen: list[int] = field(default_factory=list)  # context tokens inserted so far
     active: list[_Node] = field(default_factory=list)  # the suffixes ending at its last token
+    last: list[int] = field(default_factory=list)  # the last chain proposed
+    source: int = 1  # the trie it came from: 0 the request's, 1 the global one
+    prefer: int = 1  # the trie that wins a tie: `source` if the target followed `last`, else the other
 
 
 class SuffixDrafter:
@@ -173,23 +180,30 @@ class SuffixDrafter:
         if r is None or context[: len(r.seen)] != r.seen:  # new, or another sequence under this key
             r = self._reqs[seq_key] = _Request(SuffixTrie(self.depth), len(context) - 1)
         new = context[len(r.seen):]
+        if r.last and new:  # did the target follow the last draft as far as it went?
+            n = min(len(new), len(r.last))
+            r.prefer = r.source if new[:n] == r.last[:n] else 1 - r.source
+            r.last = []
         for t in new:
             r.active = r.trie.extend(r.active, t)
         r.seen += new
         if num_tokens <= 0:
             return Proposal([])
         tries = [r.trie] + ([self.global_trie] if self.share and seq_key not in self.private else [])
+        if len(tries) > 1 and r.prefer == 1:
+            tries.reverse()  # the first trie wins a tie (_match)
         if not self.tree:
-            tokens, scores = self._chain(tries, context, num_tokens, 1.0)
+            tokens, scores, first = self._chain(tries, context, num_tokens, 1.0)
+            r.last, r.source = tokens, int(first is self.global_trie)
             return Proposal(tokens, confidence=scores or None)
-        m, _, _, node = self._match(tries, context[-self.max_match:], num_tokens, 1.0)  # the trie of the best walk
+        m, _, _, node, _ = self._match(tries, context[-self.max_match:], num_tokens, 1.0)  # the trie of the best walk
         if node is None:
             return Proposal([])
         tokens, scores, parents = grow(node, num_tokens, self.min_score)
         depth, sees = tree_layout(parents)  # 0-based depth; each node's path from the root
         if len(tokens) < num_tokens and m + max(depth) + 1 >= self.depth:  # the deepest path was cut by the depth
             leaf = depth.index(max(depth))
-            more, sc = self._chain(tries, context + [tokens[i] for i in sees[leaf]], num_tokens - len(tokens),
+            more, sc, _ = self._chain(tries, context + [tokens[i] for i in sees[leaf]], num_tokens - len(tokens),
                                    scores[leaf])
             if more:  # a chain below the leaf: its first token's parent is the leaf, then each the previous
                 parents += [leaf] + list(range(len(tokens), len(tokens) + len(more) - 1))
@@ -197,32 +211,35 @@ class SuffixDrafter:
         return Proposal(tokens, confidence=scores or None, parents=parents)
 
     def _chain(self, tries: list[SuffixTrie], context: list[int], n: int, score: float):
-        """(tokens, scores): up to n tokens walked below the context's best match, re-anchoring on
-        context + draft wherever the tries' depth cuts a walk; scores carry on from `score`."""
+        """(tokens, scores, trie): up to n tokens walked below the context's best match, re-anchoring
+        on context + draft wherever the tries' depth cuts a walk; scores carry on from `score`;
+        `trie`: the one the first walk came from (None: no match)."""
         tokens: list[int] = []
         scores: list[float] = []
+        first = None
         while len(tokens) < n:
-            m, toks, sc, _ = self._match(tries, context[-self.max_match:] + tokens, n - len(tokens),
-                                         scores[-1] if scores else score)
+            m, toks, sc, _, trie = self._match(tries, context[-self.max_match:] + tokens, n - len(tokens),
+                                               scores[-1] if scores else score)
+            first = first or trie
             tokens += toks
             scores += sc
             if not toks or m + len(toks) < self.depth:  # not cut by the depth: the draft ends here
                 break
-        return tokens, scores
+        return tokens, scores, first
 
     def _match(self, tries: list[SuffixTrie], tail: list[int], n: int, score: float):
-        """(m, tokens, scores, node): the walk below the longest suffix of `tail` (m tokens, at
-        `node`) with a continuation in any trie, the higher summed score on a tie; scores carry on
-        from `score`."""
-        best: tuple = (0, 0.0, [], [], None)
+        """(m, tokens, scores, node, trie): the walk below the longest suffix of `tail` (m tokens, at
+        `node` of `trie`) with a continuation in any trie, the higher summed score on a tie, then the
+        earlier trie in `tries`; scores carry on from `score`."""
+        best: tuple = (0, 0.0, [], [], None, None)
         for trie in tries:
             for m in range(min(self.max_match, len(tail)), max(self.min_match, best[0]) - 1, -1):
                 node = trie.find(tail[-m:])
                 toks, sc = walk(node, n, self.min_score, score) if node is not None else ([], [])
                 if toks:
-                    best = max(best, (m, sum(sc), toks, sc, node), key=lambda b: b[:2])
+                    best = max(best, (m, sum(sc), toks, sc, node, trie), key=lambda b: b[:2])  # first of equals
                     break
-        return best[0], best[2], best[3], best[4]
+        return best[0], best[2], best[3], best[4], best[5]
 
     def pending(self, seq_key: int, context: list[int]) -> int:
         return 0
