@@ -724,6 +724,21 @@ class Planner:
             for a in req.estimates():
                 a.relax()
 
+    def counterfactual(self, req: RequestPlan, draft: list[int], target: list[int],
+                       confidence: list[float] | None = None) -> None:
+        """A cheap drafter's draft that was not verified, against the tokens greedy decoding emitted
+        at the same positions (`target`, from the same context): where they differ the draft would
+        have been rejected; past the last of them nothing is known. Observed as a round of
+        min(len(draft), len(target)) tokens would have been."""
+        d = min(len(draft), len(target))
+        accepted = next((i for i in range(d) if draft[i] != target[i]), d)
+        if d == 0:
+            return
+        if confidence:
+            self.calib.observe(confidence, accepted, min(accepted + 1, d, len(confidence)))
+        for a in req.estimates() + [self.workload]:
+            a.observe(d, accepted)
+
     def shadow(self, req: RequestPlan, p_accept: float) -> None:
         """A cheap drafter's unverified first token, scored against the plain step's target
         probabilities: keeps the acceptance estimate alive while D = 0."""

@@ -237,7 +237,7 @@ class _Choice:
     reqs: dict[str, RequestPlan]
     plan: Plan | None = None
     chosen: str | None = None  # the member verified this round; None: a plain step
-    firsts: dict[str, int] = field(default_factory=dict)  # unverified members' first tokens
+    unverified: dict[str, Proposal] = field(default_factory=dict)  # cheap members not chosen: what each would have verified
     room: int = 0  # the most tokens this round may draft
 
 
@@ -253,10 +253,13 @@ class DrafterChoice:
     member whose plan promises the highest rate (the batched step's, Plan.step_rate; alone, E[N](D)
     / T(D)); each plan already beats a plain step by its margin), or none: a plain step. A member
     with a model drafts after the choice (`deferred`). Cheap members that were not verified still
-    learn: their first token is scored against the target's distribution at the round's first
-    position (a shadow, as the single-drafter `auto` does for a proposal it did not verify), which
-    the verification computes whatever was drafted; a member with a model that sat out learns
-    nothing that round (it drafted nothing)."""
+    learn, from the same context's verification: greedy, the round's emitted tokens are the
+    target's own, so a proposal is judged against them position by position as far as they go
+    (Planner.counterfactual: as if it had been verified, up to that length), and a member's
+    estimate of deep positions keeps up while another member is chosen; at temperature > 0, its
+    first token is scored against the target's distribution at the round's first position (a
+    shadow, as the single-drafter `auto` does for a proposal it did not verify). A member with a
+    model that sat out learns nothing that round (it drafted nothing)."""
 
     def __init__(self, planners: dict[str, Planner], dear: dict[str, Drafter] | None = None):
         if not planners:
@@ -292,7 +295,7 @@ class DrafterChoice:
         live = [n for n in plans if plans[n].d > 0]
         c.chosen = max(live, key=lambda n: plans[n].step_rate, default=None)
         c.plan = plans[c.chosen] if c.chosen is not None else next(iter(plans.values()), None)
-        c.firsts = {n: p.tokens[0] for n, p in options.items() if p.tokens and n != c.chosen}
+        c.unverified = {n: p for n, p in options.items() if p.tokens and n != c.chosen}
         if c.chosen is None:
             batch.record(0, 1.0)
             return _NONE
@@ -331,17 +334,19 @@ class DrafterChoice:
                 continue
             plain = Plan(0, c.plan.plain_rate, c.plan.plain_rate)
             planner.commit(req, plain, 0, 0, emitted)
-            if name in c.firsts:  # P(accept) of its unverified first token at the round's first position
-                t = c.firsts[name]
-                p = float(int(o.logits[0].argmax()) == t) if o.params.greedy \
-                    else float(warp(o.logits[:1], o.params)[0, t])
-                planner.shadow(req, p)
+            other = c.unverified.get(name)
+            if other is None:
+                continue
+            if o.params.greedy:  # the round's tokens are the target's argmax: they verify it as far as they go
+                planner.counterfactual(req, other.tokens, res.tokens, other.confidence)
+            else:  # P(accept) of its first token at the round's first position
+                planner.shadow(req, float(warp(o.logits[:1], o.params)[0, other.tokens[0]]))
         chosen = self.planners[c.chosen] if c.chosen is not None else None
         st.plans.append(PlanStep(c.plan.d if chosen else 0, len(prop.tokens), c.plan.behind if dear else 0,
                                  round(1e3 * (c.plan.seconds or 1.0 / c.plan.plain_rate), 1),
                                  round(1e3 * o.round_s, 1), round(1e3 * (chosen or self._any).draft_cost(1), 1),
                                  c.chosen or "none"))
-        c.plan, c.chosen, c.firsts = None, None, {}
+        c.plan, c.chosen, c.unverified = None, None, {}
 
     @property
     def _any(self) -> Planner:

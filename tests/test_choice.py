@@ -88,6 +88,21 @@ def test_choice_takes_plain_steps_when_no_member_is_right_but_keeps_scoring_them
     assert pol.planners["a"].workload.alpha()[0] < 0.2 and pol.planners["b"].workload.alpha()[0] < 0.2
 
 
+def test_a_member_not_chosen_learns_its_deep_positions_from_the_greedy_tokens():
+    """b is right at its first token and wrong at its second; a, always right, is chosen: b's
+    estimate at position 2 falls, measured on a's rounds (a first-token shadow would say nothing)."""
+    class FirstOnly(Fixed):
+        def propose(self, key, ctx, n, params, gen, stop=None):
+            return Proposal([(ctx[-1] + 1) % 5] + [9] * (n - 1))
+
+    pol = choice(["a", "b"])
+    r = Engine(CycleRunner(), CharTokenizer(), AutoDrafter({"a": Cycle("a", []), "b": FirstOnly("b", [])}),
+               "auto", policy=pol).generate(PROMPT, max_tokens=40)
+    assert [p.drafter for p in r.plans].count("a") >= len(r.plans) - 2
+    alpha = pol.planners["b"].workload.alpha()
+    assert alpha[0] > 0.8 and alpha[1] < 0.2
+
+
 def test_choice_follows_the_member_that_becomes_right():
     """A request where member b is right only in the second half: the choice moves to it."""
     class Half(Fixed):

@@ -87,6 +87,22 @@ def test_acceptance_counts_reached_positions_only():
     assert acc.seen.tolist() == [4, 3, 0, 0] and acc.acc.tolist() == [3, 1.25, 0, 0]
 
 
+def test_an_unverified_draft_is_judged_against_the_greedy_tokens_as_far_as_they_go():
+    pl = planner(1.0, prior=0.5)
+    req = pl.new_request(100)
+    acc = req.acceptance
+    acc.forget = 1.0  # no discount: plain counts
+    seen, got = acc.seen.copy(), acc.acc.copy()
+    pl.counterfactual(req, [1, 2, 3, 4], [1, 2, 9])  # rejected at its 3rd token
+    assert (acc.seen - seen)[:4].tolist() == [1, 1, 1, 0] and (acc.acc - got)[:4].tolist() == [1, 1, 0, 0]
+    seen, got = acc.seen.copy(), acc.acc.copy()
+    pl.counterfactual(req, [1, 2, 3, 4], [1, 2])  # right as far as the target went: nothing past it
+    assert (acc.seen - seen)[:4].tolist() == [1, 1, 0, 0] and (acc.acc - got)[:4].tolist() == [1, 1, 0, 0]
+    seen = acc.seen.copy()
+    pl.counterfactual(req, [], [1, 2])  # nothing proposed: nothing learnt
+    assert (acc.seen == seen).all()
+
+
 def test_online_update_rescales_curve_and_tracks_overhead():
     pl = planner(per_token_ms=1.0, prior=0.6)
     before = pl.verify(5)
