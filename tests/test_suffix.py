@@ -67,13 +67,20 @@ def test_the_global_trie_stays_under_its_cap_evicting_the_oldest():
     assert propose(d, 98, [0, 100, 101], 2) == ([], None)  # the oldest is gone
 
 
+def test_a_trie_of_any_size_adds_nothing_per_node_for_the_garbage_collector_to_walk():
+    import gc
+    t = SuffixTrie(24)
+    t.add(list(range(500)) * 2)
+    assert t.nodes > 10_000 and not any(gc.is_tracked(k) for k in t.kids)
+
+
 def test_adding_and_removing_a_sequence_leaves_an_empty_trie():
     t = SuffixTrie(5)
     t.add([1, 2, 1, 2, 3, 1, 2])
     t.add([2, 1, 2, 3])
     t.add([1, 2, 1, 2, 3, 1, 2], sign=-1)
     t.add([2, 1, 2, 3], sign=-1)
-    assert t.nodes == 1 and t.root.children == {}
+    assert t.nodes == 1 and t.kids[0] == {} and len(t._free) == len(t.kids) - 1  # every other id free for reuse
 
 
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.9, seed=3)])

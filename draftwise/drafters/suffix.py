@@ -42,63 +42,77 @@ from draftwise.drafters.base import Proposal, StopRule
 from draftwise.sampling import SamplingParams
 
 
-class _Node:
-    __slots__ = ("count", "children")
-
-    def __init__(self):
-        self.count = 0
-        self.children: dict[int, _Node] = {}
-
-
 class SuffixTrie:
     """Counts of every substring of up to `depth` tokens of the sequences added. Adding a token
-    extends the (at most depth - 1) suffixes that end before it: O(depth) per token."""
+    extends the (at most depth - 1) suffixes that end before it: O(depth) per token.
+
+    Nodes are integer ids (the root is 0): `kids[i]` maps a token to its child's id and `count[i]`
+    is how often node i's substring occurred. Dicts holding only ints are never tracked by Python's
+    cyclic garbage collector, so a trie of any size adds two lists to what a full collection walks
+    (one object per node would add a few hundred thousand: docs/data/trie_gc.txt). Ids of removed
+    nodes are reused."""
 
     def __init__(self, depth: int):
-        self.depth, self.root, self.nodes = depth, _Node(), 1
+        self.depth, self.nodes = depth, 1
+        self.kids: list[dict[int, int]] = [{}]
+        self.count: list[int] = [0]
+        self._free: list[int] = []
 
-    def extend(self, active: list[_Node], t: int, sign: int = 1) -> list[_Node]:
+    def _new(self) -> int:
+        self.nodes += 1
+        if self._free:
+            i = self._free.pop()
+            self.kids[i], self.count[i] = {}, 0
+            return i
+        self.kids.append({})
+        self.count.append(0)
+        return len(self.kids) - 1
+
+    def extend(self, active: list[int], t: int, sign: int = 1) -> list[int]:
         """Count token t after the suffixes `active` (their nodes, shortest first); returns the
         nodes of the suffixes that now end at t and can still grow. sign -1 uncounts, dropping
-        nodes whose count reaches 0."""
+        nodes whose count reaches 0 (their own children reach 0 as the same sequence is uncounted)."""
         out = []
-        for node in [self.root] + active:
-            child = node.children.get(t)
+        for node in [0] + active:
+            kids = self.kids[node]
+            child = kids.get(t)
             if child is None:
                 if sign < 0:
                     continue
-                child = node.children[t] = _Node()
-                self.nodes += 1
-            child.count += sign
-            if child.count <= 0:
-                del node.children[t]
+                child = kids[t] = self._new()
+            self.count[child] += sign
+            if self.count[child] <= 0:
+                del kids[t]
                 self.nodes -= 1
+                self._free.append(child)
             out.append(child)
         return out[: self.depth - 1]
 
     def add(self, seq: list[int], sign: int = 1) -> None:
-        active: list[_Node] = []
+        active: list[int] = []
         for t in seq:
             active = self.extend(active, t, sign)
 
-    def find(self, pattern: list[int]) -> _Node | None:
-        node = self.root
+    def find(self, pattern: list[int]) -> int | None:
+        node = 0
         for t in pattern:
-            node = node.children.get(t)
+            node = self.kids[node].get(t)
             if node is None:
                 return None
         return node
 
 
-def walk(node: _Node, n: int, min_score: float, score: float = 1.0) -> tuple[list[int], list[float]]:
+def walk(trie: SuffixTrie, node: int, n: int, min_score: float, score: float = 1.0) -> tuple[list[int], list[float]]:
     """The most frequent path below `node`, up to n tokens, while its score stays >= min_score.
     A token's score is its count over its siblings' (the occurrences that continued at all) times
     its parent's score (`score` above the first)."""
     tokens, scores = [], []
-    while len(tokens) < n and node.children:
-        total = sum(c.count for c in node.children.values())
-        t, child = max(node.children.items(), key=lambda kv: kv[1].count)
-        score *= child.count / total
+    count = trie.count
+    while len(tokens) < n and trie.kids[node]:
+        kids = trie.kids[node]
+        total = sum(count[c] for c in kids.values())
+        t, child = max(kids.items(), key=lambda kv: count[kv[1]])
+        score *= count[child] / total
         if score < min_score:
             break
         tokens.append(t)
@@ -107,19 +121,21 @@ def walk(node: _Node, n: int, min_score: float, score: float = 1.0) -> tuple[lis
     return tokens, scores
 
 
-def grow(node: _Node, n: int, min_score: float) -> tuple[list[int], list[float], list[int]]:
+def grow(trie: SuffixTrie, node: int, n: int, min_score: float) -> tuple[list[int], list[float], list[int]]:
     """(tokens, scores, parents): the n highest-scoring nodes below `node` with score >= min_score,
     best first (a parent's score is at least its children's, so parents come first and any head of
     the list is a tree); scores as in `walk`, parents index into the list, -1 for `node`'s children."""
     tokens, scores, parents = [], [], []
-    heap: list[tuple[float, int, int, _Node, int]] = []  # (-score, tie-break, token, node, parent)
+    heap: list[tuple[float, int, int, int, int]] = []  # (-score, tie-break, token, node, parent)
     order = 0
+    count = trie.count
 
-    def push(nd: _Node, score: float, parent: int) -> None:
+    def push(nd: int, score: float, parent: int) -> None:
         nonlocal order
-        total = sum(c.count for c in nd.children.values())
-        for t, child in nd.children.items():
-            heapq.heappush(heap, (-score * child.count / total, order, t, child, parent))
+        kids = trie.kids[nd]
+        total = sum(count[c] for c in kids.values())
+        for t, child in kids.items():
+            heapq.heappush(heap, (-score * count[child] / total, order, t, child, parent))
             order += 1
     push(node, 1.0, -1)
     while heap and len(tokens) < n:
@@ -147,7 +163,7 @@ class _Request:
     trie: SuffixTrie
     prompt_len: int
     seen: list[int] = field(default_factory=list)  # context tokens inserted so far
-    active: list[_Node] = field(default_factory=list)  # the suffixes ending at its last token
+    active: list[int] = field(default_factory=list)  # the nodes of the suffixes ending at its last token
     last: list[int] = field(default_factory=list)  # the last chain proposed
     source: int = 1  # the trie it came from: 0 the request's, 1 the global one
     prefer: int = 1  # the trie that wins a tie: `source` if the target followed `last`, else the other
@@ -196,10 +212,10 @@ class SuffixDrafter:
             tokens, scores, first = self._chain(tries, context, num_tokens, 1.0)
             r.last, r.source = tokens, int(first is self.global_trie)
             return Proposal(tokens, confidence=scores or None)
-        m, _, _, node, _ = self._match(tries, context[-self.max_match:], num_tokens, 1.0)  # the trie of the best walk
+        m, _, _, node, trie = self._match(tries, context[-self.max_match:], num_tokens, 1.0)  # the trie of the best walk
         if node is None:
             return Proposal([])
-        tokens, scores, parents = grow(node, num_tokens, self.min_score)
+        tokens, scores, parents = grow(trie, node, num_tokens, self.min_score)
         depth, sees = tree_layout(parents)  # 0-based depth; each node's path from the root
         if len(tokens) < num_tokens and m + max(depth) + 1 >= self.depth:  # the deepest path was cut by the depth
             leaf = depth.index(max(depth))
@@ -235,7 +251,7 @@ class SuffixDrafter:
         for trie in tries:
             for m in range(min(self.max_match, len(tail)), max(self.min_match, best[0]) - 1, -1):
                 node = trie.find(tail[-m:])
-                toks, sc = walk(node, n, self.min_score, score) if node is not None else ([], [])
+                toks, sc = walk(trie, node, n, self.min_score, score) if node is not None else ([], [])
                 if toks:
                     best = max(best, (m, sum(sc), toks, sc, node, trie), key=lambda b: b[:2])  # first of equals
                     break
