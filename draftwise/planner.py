@@ -731,9 +731,9 @@ class Planner:
         have been rejected; past the last of them nothing is known. Observed as a round of
         min(len(draft), len(target)) tokens would have been."""
         d = min(len(draft), len(target))
-        accepted = next((i for i in range(d) if draft[i] != target[i]), d)
         if d == 0:
             return
+        accepted = next((i for i in range(d) if draft[i] != target[i]), d)
         if confidence:
             self.calib.observe(confidence, accepted, min(accepted + 1, d, len(confidence)))
         for a in req.estimates() + [self.workload]:

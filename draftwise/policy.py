@@ -373,10 +373,11 @@ class DrafterChoice:
 
 
 # The most draft tokens a round may verify. A cheap drafter's tokens cost nothing to draft, so its
-# rounds may verify up to 32: llama.cpp's verify curve is nearly flat from k = 17 to 32 (on the AMD EPYC a
-# forward of 32 tokens costs ~1.4x one of 16, docs/results.md §3), so a copied passage accepted
-# whole (an agent asking again) emits ~1.35x the tokens per second of 16-token rounds. A draft
-# model pays a forward per token, which such lengths never repay.
+# rounds are bounded by the verify curve alone: llama.cpp's steps at multiples of 16 rows (AMD
+# EPYC, repacked kernels: 16 tokens 155 ms, 32 tokens 274 ms; docs/planner.md), so a passage the
+# drafter knows whole (the same request asked again) verifies for ~12% fewer ms a token in 32-token
+# rounds, which the planner takes where acceptance is near 1. A draft model pays a forward per
+# drafted token, which such lengths never repay.
 MAX_DRAFT_CHEAP, MAX_DRAFT_MODEL = 32, 16
 
 

@@ -212,7 +212,8 @@ class SuffixDrafter:
             tokens, scores, first = self._chain(tries, context, num_tokens, 1.0)
             r.last, r.source = tokens, int(first is self.global_trie)
             return Proposal(tokens, confidence=scores or None)
-        m, _, _, node, trie = self._match(tries, context[-self.max_match:], num_tokens, 1.0)  # the trie of the best walk
+        # a tree: the trie of the best walk (ties as for the request's last chain; trees set none)
+        m, _, _, node, trie = self._match(tries, context[-self.max_match:], num_tokens, 1.0)
         if node is None:
             return Proposal([])
         tokens, scores, parents = grow(trie, node, num_tokens, self.min_score)
