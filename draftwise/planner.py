@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from draftwise.drafters.base import StopRule
+from draftwise.drafters.base import StopRule, common_prefix
 from draftwise.profile import ProfileResult
 
 EMA = 0.1  # weight of one new timing observation in the online estimates
@@ -733,7 +733,7 @@ class Planner:
         d = min(len(draft), len(target))
         if d == 0:
             return
-        accepted = next((i for i in range(d) if draft[i] != target[i]), d)
+        accepted = common_prefix(draft[:d], target[:d])
         if confidence:
             self.calib.observe(confidence, accepted, min(accepted + 1, d, len(confidence)))
         for a in req.estimates() + [self.workload]:

@@ -98,3 +98,18 @@ class Drafter(Protocol):
     def release(self, seq_key: int) -> None: ...
 
     def memory_nodes(self) -> int: ...
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens a and b share."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case, compared in C
+        return n
+    lo, hi = 0, n  # binary search on prefix equality
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

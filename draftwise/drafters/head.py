@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import torch
 
 from draftwise.backends.head_runner import HeadRunner
-from draftwise.drafters.model import ModelDrafter, _common_prefix
+from draftwise.drafters.base import common_prefix
+from draftwise.drafters.model import ModelDrafter
 
 WINDOW = 64  # prompt positions whose features the head reads (each one LM-head row at prefill)
 
@@ -69,7 +70,7 @@ class HeadDrafter(ModelDrafter):
             raise RuntimeError(f"the head has target features up to position {known}, the context "
                                f"needs them up to {L - 2}")
         st.feats = st.feats[: known - st.fbase]
-        keep = min(_common_prefix(st.fed, context), st.real, L - 1)
+        keep = min(common_prefix(st.fed, context), st.real, L - 1)
         if st.seq is None or keep <= st.base:  # (re)start the head after the first known feature
             if st.seq is not None:
                 self.runner.free(st.seq)
@@ -87,7 +88,7 @@ class HeadDrafter(ModelDrafter):
         st = self._seqs.get(seq_key)
         if st is None or st.seq is None:
             return max(1, min(self.window, len(context)))
-        return len(context) - max(st.base, min(_common_prefix(st.fed, context), st.real))
+        return len(context) - max(st.base, min(common_prefix(st.fed, context), st.real))
 
     def release(self, seq_key: int) -> None:
         st = self._seqs.pop(seq_key, None)

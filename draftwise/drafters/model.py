@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from draftwise.backends.base import ModelRunner
-from draftwise.drafters.base import Proposal, StopRule
+from draftwise.drafters.base import Proposal, StopRule, common_prefix
 from draftwise.sampling import SamplingParams, sample, warp
 
 
@@ -55,7 +55,7 @@ class ModelDrafter:
         st = self._seqs.get(seq_key)
         if st is None:
             st = self._seqs[seq_key] = _DraftSeq(self.runner.new_sequence())
-        keep = _common_prefix(st.fed, context)
+        keep = common_prefix(st.fed, context)
         keep = min(keep, len(context) - 1)  # at least one token to forward for fresh logits
         if keep < len(st.fed):
             self.runner.truncate(st.seq, keep)
@@ -64,7 +64,7 @@ class ModelDrafter:
 
     def pending(self, seq_key: int, context: list[int]) -> int:
         st = self._seqs.get(seq_key)
-        return len(context) if st is None else len(context) - _common_prefix(st.fed, context)
+        return len(context) if st is None else len(context) - common_prefix(st.fed, context)
 
     def isolate(self, seq_key: int) -> None:
         pass  # nothing shared across requests
@@ -126,17 +126,3 @@ def _top_prob(row: torch.Tensor) -> float:
     thread pool that is still spinning (a torch op here took ~30 ms instead of ~0.5)."""
     x = row.numpy()
     return float(1.0 / np.exp(x - x.max()).sum())
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the usual case, compared in C
-        return n
-    lo, hi = 0, n  # binary search on prefix equality
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo

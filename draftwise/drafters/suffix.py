@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from draftwise.backends.base import tree_layout
-from draftwise.drafters.base import Proposal, StopRule
+from draftwise.drafters.base import Proposal, StopRule, common_prefix
 from draftwise.sampling import SamplingParams
 
 
@@ -108,8 +108,7 @@ def walk(trie: SuffixTrie, node: int, n: int, min_score: float, score: float = 1
     its parent's score (`score` above the first)."""
     tokens, scores = [], []
     count = trie.count
-    while len(tokens) < n and trie.kids[node]:
-        kids = trie.kids[node]
+    while len(tokens) < n and (kids := trie.kids[node]):
         total = sum(count[c] for c in kids.values())
         t, child = max(kids.items(), key=lambda kv: count[kv[1]])
         score *= count[child] / total
@@ -197,8 +196,8 @@ class SuffixDrafter:
             r = self._reqs[seq_key] = _Request(SuffixTrie(self.depth), len(context) - 1)
         new = context[len(r.seen):]
         if r.last and new:  # did the target follow the last draft as far as it went?
-            n = min(len(new), len(r.last))
-            r.prefer = r.source if new[:n] == r.last[:n] else 1 - r.source
+            followed = common_prefix(new, r.last) == min(len(new), len(r.last))
+            r.prefer = r.source if followed else 1 - r.source
             r.last = []
         for t in new:
             r.active = r.trie.extend(r.active, t)
