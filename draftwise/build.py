@@ -7,7 +7,7 @@ import re
 import sys
 from dataclasses import dataclass
 
-from draftwise.backends.head_runner import HeadRunner
+from draftwise.backends.head_runner import HeadRunner, fastest_dtype
 from draftwise.drafters.auto import AutoDrafter
 from draftwise.drafters.head import HeadDrafter
 from draftwise.drafters.model import ModelDrafter
@@ -168,6 +168,8 @@ def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_run
             device = getattr(target, "device", None)  # a torch target on a GPU: the head beside it, in bf16
             if device is not None and device.type != "cpu":
                 head = head.to(device, torch.bfloat16)
+            else:
+                head = head.to(fastest_dtype(head))
             draft_runner = HeadRunner(head, str(path / "model.safetensors"), target.max_context)
         return HeadDrafter(draft_runner)
     if kind == "auto":

@@ -291,9 +291,14 @@ class DrafterChoice:
         for n, member in self.dear.items():  # priced before drafting, its catch-up included
             behind = member.pending(st.key, st.ctx)
             plans[n] = self.planners[n].plan(c.reqs[n], batch, available=c.room, behind=behind)
+            if plans[n].d and not member.ready(st.key, st.ctx):  # a head lacking the context's
+                st.collect = True  # features: this step collects them, it drafts from the next
+                plans[n] = self.planners[n].plan(c.reqs[n], batch, available=0, behind=behind)
             plans[n].behind = behind
         live = [n for n in plans if plans[n].d > 0]
         c.chosen = max(live, key=lambda n: plans[n].step_rate, default=None)
+        if c.chosen in self.dear and getattr(self.dear[c.chosen], "features", None) is not None:
+            st.collect = True  # the head reads this round's features when it catches up next round
         c.plan = plans[c.chosen] if c.chosen is not None else next(iter(plans.values()), None)
         c.unverified = {n: p for n, p in options.items() if p.tokens and n != c.chosen}
         if c.chosen is None:

@@ -135,7 +135,8 @@ def runner_identity(runner: ModelRunner) -> dict | None:
     if getattr(runner, "model_path", None):
         st = os.stat(runner.model_path)
         ident.update(model=os.path.abspath(runner.model_path), size=st.st_size, mtime=int(st.st_mtime),
-                     **{k: getattr(runner, k, None) for k in ("n_threads", "n_batch", "fast_kernels")})
+                     **{k: getattr(runner, k, None) for k in ("n_threads", "n_batch", "fast_kernels")},
+                     **({"dtype": runner.dtype} if getattr(runner, "dtype", None) else {}))
         return ident
     model = getattr(runner, "model", None)
     name = getattr(getattr(model, "config", None), "_name_or_path", None)

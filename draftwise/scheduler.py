@@ -97,6 +97,7 @@ class RequestState:
     plans: list[PlanStep] | None = None  # the planner's log, under `auto`
     logprobs: list[TokenLogprobs] | None = None
     prompt_logits: torch.Tensor | None = None  # [1, V] kept with the prompt's KV (reuse_prefix)
+    collect: bool = False  # this step's forward returns the target's features for its head (_target_forward)
 
 
 @dataclass(slots=True)
@@ -380,6 +381,8 @@ class Scheduler:
 
     def _decode(self, batch: list[RequestState]) -> None:
         t_step = time.perf_counter()
+        for st in batch:
+            st.collect = False  # until the step's choices ask for the features (_plan_draft, DrafterChoice)
         props, shadows, forwards, behind, dear = self._propose(batch)
         t_draft = time.perf_counter() - t_step
         live = [(st, p, s) for st, p, s in zip(batch, props, shadows) if p is not None]
@@ -445,7 +448,7 @@ class Scheduler:
         own forward fails (theirs is None). `trees`: per sequence None or its feed's parents."""
         try:
             return list(zip(*self._target_forward([st.seq for st in batch], feeds, [len(f) for f in feeds],
-                                                  trees))), True
+                                                  trees, any(st.collect for st in batch)))), True
         except Exception as e:  # noqa: BLE001
             log.warning("a batched forward of %d sequences failed; retrying each alone", len(batch), exc_info=e)
             self.observer.fault("forward")
@@ -457,18 +460,20 @@ class Scheduler:
             self.target.truncate(st.seq, n)  # whatever the failed forward left behind
         if self.target.length(st.seq) != n:
             raise RuntimeError("the failed forward lost this sequence's KV state")
-        logits, feats = self._target_forward([st.seq], [feed], [len(feed)], [tree] if tree else None)
+        logits, feats = self._target_forward([st.seq], [feed], [len(feed)], [tree] if tree else None, st.collect)
         return logits[0], feats[0]
 
     def _target_forward(self, seqs: list[int], feeds: list[list[int]], ks: list[int],
-                        trees: list | None = None) -> tuple[list, list]:
+                        trees: list | None = None, collect: bool = True) -> tuple[list, list]:
         """(logits [k, V] per sequence, the target's features of the feed's last rows, at least k,
         when the drafter reads them, else None): the runner computes features only for a
-        scheduler whose drafter does."""
+        scheduler whose drafter does, and on a runner whose features cost work (llama.cpp: an
+        LM-head row and a copy each) only when a request of the step asked (`collect`)."""
+        on = self._features and (collect or getattr(self.target, "all_features", False))
         if self._features or getattr(self.target, "features", None) is not None:  # runners shared by engines
-            self.target.features = self.drafter.features if self._features else None
+            self.target.features = self.drafter.features if on else None
         logits = self.target.forward(seqs, feeds, ks, trees) if trees else self.target.forward(seqs, feeds, ks)
-        return logits, self.target.last_features if self._features else [None] * len(seqs)
+        return logits, self.target.last_features if on else [None] * len(seqs)
 
     def _propose(self, batch: list[RequestState]):
         """(proposals, shadows, draft-model forwards, tokens caught up on, (member, seconds) of a
@@ -592,7 +597,11 @@ class Scheduler:
     def _plan_draft(self, st: RequestState, step: Batch, i: int) -> tuple[int, int, object]:
         behind = self.drafter.pending(st.key, st.ctx)
         step.me = i
-        return behind, self.policy.choose(st, step, st.out.remaining - 1, behind), self.policy.stop(st)
+        d = self.policy.choose(st, step, st.out.remaining - 1, behind)
+        st.collect = d > 0  # a head reads this round's features when it catches up next round
+        if d and not self.drafter.ready(st.key, st.ctx):  # a head lacking the context's features:
+            d = self.policy.choose(st, step, 0, behind)  # a plain step collects them
+        return behind, d, self.policy.stop(st)
 
     def _draft_many(self, todo: list, propose_many=None) -> list[Proposal | None]:
         """Lockstep drafts of (request, (behind, D, stop)) by the draft model (or `propose_many`,

@@ -16,6 +16,7 @@ from draftwise.engine import Engine
 from draftwise.losscheck import check_sampling
 from draftwise.models.head import HeadConfig, HeadMismatch, load_head, new_head, save_head
 from draftwise.models.load import load_runner
+from draftwise.policy import FixedDraftLength
 from draftwise.train_head import features_of, ttt_losses
 
 PROMPT = "Write a Python function that returns the largest of three numbers."
@@ -131,6 +132,63 @@ def test_greedy_output_equals_plain_decoding(backend, smol_torch, smol_llama, tm
         spec = Engine(runner, tok, _drafter(runner, path), d).generate(PROMPT, max_tokens=32)
         assert spec.token_ids == plain.token_ids
         assert spec.stats.proposed_tokens >= 20
+
+
+class _Later(FixedDraftLength):
+    """D = 2 from the request's 6th step on, plain steps before (as a planner that starts drafting)."""
+    def choose(self, st, batch, available, behind):
+        steps = st.stats.plain_steps + st.stats.verification_rounds
+        return super().choose(st, batch, available if steps >= 6 else 0, behind)
+
+
+def test_llama_computes_features_only_for_the_rounds_the_head_reads_them(smol_llama, tmp_path):
+    """On llama.cpp a feature costs an LM-head row and a copy: prefill returns the last prompt
+    row's, plain steps none; the step where the head first would draft lacks the context's features
+    and runs plain to collect them, it drafts from the next, and the output is plain decoding's."""
+    runner, tok = smol_llama
+    drafter = _drafter(runner, _head_dir(runner, tmp_path / "h"))
+    calls = []  # (tokens fed, features on) per target forward
+    forward = runner.forward
+
+    def spy(seqs, tokens, ks, *a):
+        calls.append((sum(map(len, tokens)), runner.features is not None))
+        return forward(seqs, tokens, ks, *a)
+
+    prompt = tok.encode(PROMPT)
+    plain = Engine(runner, tok).generate(prompt, max_tokens=24)
+    runner.forward = spy
+    try:
+        res = Engine(runner, tok, drafter, policy=_Later(2)).generate(prompt, max_tokens=24)
+    finally:
+        del runner.forward
+    assert res.token_ids == plain.token_ids
+    assert calls[0] == (len(prompt), True)  # prefill: the last row's features (no extra rows)
+    # steps 1..5 plain without features; step 6 plain, collecting them; drafts (2 + 1 fed) from step 7 on
+    assert [c[1] for c in calls[1:6]] == [False] * 5 and [c[0] for c in calls[1:7]] == [1] * 6
+    assert calls[6][1] and calls[7] == (3, True)
+    assert res.stats.verification_rounds >= 3 and res.stats.plain_steps >= 7
+
+
+def test_a_head_runs_in_bf16_only_where_that_is_clearly_faster(smol_torch, tmp_path, monkeypatch):
+    from draftwise.backends import head_runner
+
+    runner, tok = smol_torch
+    head = load_head(_head_dir(runner, tmp_path / "h"), runner)
+    for bf16_s, want in ((0.85, torch.float32), (0.75, torch.bfloat16)):  # fp32 takes 1.0
+        monkeypatch.setattr(head_runner, "_CHOSEN", {})
+        monkeypatch.setattr(head_runner, "_token_s", lambda mats, r, b=bf16_s: b if mats[0].dtype == torch.bfloat16 else 1.0)
+        assert head_runner.fastest_dtype(head) == want
+    monkeypatch.setenv("DRAFTWISE_HEAD_DTYPE", "float32")
+    assert head_runner.fastest_dtype(head) == torch.float32
+    monkeypatch.setenv("DRAFTWISE_HEAD_DTYPE", "fp16")
+    with pytest.raises(ValueError, match="DRAFTWISE_HEAD_DTYPE"):
+        head_runner.fastest_dtype(head)
+    # in bf16 it drafts (its own q, in bf16) and greedy output stays plain decoding's
+    hr = HeadRunner(head.to(torch.bfloat16), str(tmp_path / "h"), runner.max_context)
+    assert hr.dtype == "bfloat16"
+    plain = Engine(runner, tok).generate(PROMPT, max_tokens=16)
+    spec = Engine(runner, tok, HeadDrafter(hr), 3).generate(PROMPT, max_tokens=16)
+    assert spec.token_ids == plain.token_ids and spec.stats.proposed_tokens >= 9
 
 
 def test_drafts_are_what_the_teacher_forced_unroll_predicts(smol_torch, tmp_path):

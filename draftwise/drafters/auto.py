@@ -5,8 +5,9 @@ Cheap members (n-gram, suffix) propose every round, since looking costs next to 
 summed call time is the round's drafting time. Members with a model (the draft model, the head)
 draft only when chosen, after the choice, for the D the plan gave (`dear`, `draft_many`); one that
 sat out rounds first catches up on the tokens it has not seen, a cost the plan prices (its
-`pending`). A head keeps receiving the target's features of every committed position whichever
-member drafted (`observe`), so its catch-up needs no extra target work."""
+`pending`). A head receives the target's features of the steps that ask for them (`observe`): the
+rounds it drafts, a plain step when its plan would draft but it lacks the context's (`ready`), and
+every step on torch, where they come free with the forward (draftwise.drafters.head)."""
 from __future__ import annotations
 
 import torch

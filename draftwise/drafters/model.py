@@ -66,6 +66,10 @@ class ModelDrafter:
         st = self._seqs.get(seq_key)
         return len(context) if st is None else len(context) - common_prefix(st.fed, context)
 
+    def ready(self, seq_key: int, context: list[int]) -> bool:
+        """Can it draft after this context now? (A head also needs the target's features.)"""
+        return True
+
     def isolate(self, seq_key: int) -> None:
         pass  # nothing shared across requests
 
