@@ -76,7 +76,8 @@ class Drafter(Protocol):
     before choosing how much of it to verify; a drafter that is not cheap has a model `runner`
     and drafts for several requests in lockstep with `propose_many`. `stop` (optional, drafters
     with their own probabilities): when to stop drafting early, see StopRule. `pending` is how
-    many context tokens the drafter has not yet seen (what its next propose must catch up on).
+    many context tokens the drafter has not yet seen (what its next propose must catch up on);
+    `ready` whether it can draft after the context now (a head also needs the target's features).
     `isolate(seq_key)`: the request's text is neither read from nor added to state shared across
     requests (the suffix drafter's global trie); `memory_nodes()`: the size of that shared state."""
 
@@ -92,6 +93,8 @@ class Drafter(Protocol):
     def propose_many(self, items: list[tuple]) -> list[Proposal]: ...  # not cheap: see ModelDrafter
 
     def pending(self, seq_key: int, context: list[int]) -> int: ...
+
+    def ready(self, seq_key: int, context: list[int]) -> bool: ...  # not cheap: see ModelDrafter
 
     def isolate(self, seq_key: int) -> None: ...
 

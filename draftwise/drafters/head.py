@@ -75,8 +75,8 @@ class HeadDrafter(ModelDrafter):
             raise RuntimeError(f"the head has target features up to position {known}, the context "
                                f"needs them up to {L - 2}")
         st.feats = st.feats[: known - st.fbase]
-        keep = min(common_prefix(st.fed, context), st.real, L - 1)
-        if st.seq is None or keep <= st.base or keep - 1 < st.fbase:  # (re)start after the first known feature
+        keep = _keep(st, context)
+        if keep is None:  # (re)start the head after the first known feature
             if st.seq is not None:
                 self.runner.free(st.seq)
             st.seq, st.base = self.runner.new_sequence(), st.fbase + 1
@@ -99,12 +99,18 @@ class HeadDrafter(ModelDrafter):
         st, L = self._seqs.get(seq_key), len(context)
         if st is None or st.feats is None:
             return max(1, min(self.window, L))
-        keep = min(common_prefix(st.fed, context), st.real, L - 1)
-        if st.seq is None or keep <= st.base or keep - 1 < st.fbase:  # as _reconcile: a (re)start
-            keep = st.fbase + 1
-        return max(L - keep, 1)
+        keep = _keep(st, context)
+        return max(L - (st.fbase + 1 if keep is None else keep), 1)
 
     def release(self, seq_key: int) -> None:
         st = self._seqs.pop(seq_key, None)
         if st is not None and st.seq is not None:
             self.runner.free(st.seq)
+
+
+def _keep(st: _HeadSeq, context: list[int]) -> int | None:
+    """How many context positions the head's KV keeps (fed with the target's features and still
+    the context's), or None: it starts over (no sequence yet, nothing past its first position
+    kept, or the features resume after a gap past what it keeps)."""
+    keep = min(common_prefix(st.fed, context), st.real, len(context) - 1)
+    return None if st.seq is None or keep <= st.base or keep - 1 < st.fbase else keep
