@@ -359,13 +359,12 @@ class Scheduler:
         st.gen = None if p.greedy else p.generator()
         t = time.perf_counter()
         if logits is None:
-            # the rows whose features the head reads: a runner whose features cost an LM-head row
-            # each (llama.cpp) gives the last `window`; one whose features are free, all
-            k = 1 if not self._features or getattr(self.target, "all_features", False) \
-                else min(self.drafter.window, len(req.prompt_ids))
-            logits, feats = self._target_forward([st.seq], [req.prompt_ids], [k])
+            # a head reads the prompt's features only where they come free with the forward
+            # (torch: all of them); on llama.cpp they would cost the prefill work per prompt row,
+            # so the head starts from the first step's (DraftHead drafter's `ready`)
+            logits, feats = self._target_forward([st.seq], [req.prompt_ids], [1], collect=False)
             logits = logits[0][-1:]  # [1, V]
-            if self._features:
+            if feats[0] is not None:
                 self.drafter.observe(st.key, len(req.prompt_ids) - len(feats[0]), feats[0])
             dt = time.perf_counter() - t
             self.observer.forward("prefill", 1, len(req.prompt_ids), dt)

@@ -142,9 +142,9 @@ class _Later(FixedDraftLength):
 
 
 def test_llama_computes_features_only_for_the_rounds_the_head_reads_them(smol_llama, tmp_path):
-    """On llama.cpp a feature costs an LM-head row and a copy: prefill returns the last prompt
-    row's, plain steps none; the step where the head first would draft lacks the context's features
-    and runs plain to collect them, it drafts from the next, and the output is plain decoding's."""
+    """On llama.cpp features cost work: prefill and plain steps return none; the step where the
+    head first would draft lacks the context's features and runs plain to collect them, it drafts
+    from the next, and the output is plain decoding's."""
     runner, tok = smol_llama
     drafter = _drafter(runner, _head_dir(runner, tmp_path / "h"))
     calls = []  # (tokens fed, features on) per target forward
@@ -162,7 +162,7 @@ def test_llama_computes_features_only_for_the_rounds_the_head_reads_them(smol_ll
     finally:
         del runner.forward
     assert res.token_ids == plain.token_ids
-    assert calls[0] == (len(prompt), True)  # prefill: the last row's features (no extra rows)
+    assert calls[0] == (len(prompt), False)  # prefill
     # steps 1..5 plain without features; step 6 plain, collecting them; drafts (2 + 1 fed) from step 7 on
     assert [c[1] for c in calls[1:6]] == [False] * 5 and [c[0] for c in calls[1:7]] == [1] * 6
     assert calls[6][1] and calls[7] == (3, True)

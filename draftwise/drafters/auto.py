@@ -32,7 +32,6 @@ class AutoDrafter:
             raise ValueError("drafter auto takes one head")
         self.head = heads[0] if heads else None
         self.features = self.head.features if self.head else None  # what the target must return
-        self.window = self.head.window if self.head else None
         self.runners = [d.runner for d in self.dear.values()]  # whose sequences the scheduler counts
         limits = [d.max_context for d in self.dear.values() if d.max_context is not None]
         self.max_context = min(limits) if limits else None

@@ -10,13 +10,14 @@ output at the position before them; next round they are fed again with the targe
 (the head's KV keeps only positions fed with the target's).
 
 The target's features cost nothing on torch (the hidden states come with the forward): every
-forward returns them and the head reads the whole prompt. On llama.cpp each feature row costs an
-LM-head row and the per-token embeddings a copy, so the scheduler asks for them only where the head
-will read them: the prompt's last `window` positions (default 1, the row whose logits prefill
-computes anyway: with 64 the packaged head accepted 0.063 of its drafts on 14 prompts, with 1
-0.061), and a step's rows only when the head drafts that round or wanted to and could not
-(`ready`: it lacked the features of the context, which a plain step then collects). Where features
-skipped some positions (`observe` sees a gap), the head starts over after the first one it has.
+forward returns them and the head reads the whole prompt. On llama.cpp they cost work: a prefill
+with the per-token embeddings switched on takes ~19% longer even when one row is asked for (300
+tokens: 1.40 s against 1.18), and a step's rows cost a copy. So the scheduler asks for them only
+where the head reads them: never at prefill, and on a step only when the head drafts that round
+or wanted to and could not (`ready`: it lacked the features of the context, which a plain step
+then collects). Where features skipped some positions (`observe` sees a gap), the head starts
+over after the first one it has; it reads no prompt position then (with the prompt's last 64
+the packaged head accepted 0.063 of its drafts on 14 prompts, with its last one 0.061).
 
 Acceptance is the engine's usual rule: q is the head's softmax over its draft vocabulary (zero
 elsewhere), so min(1, p/q) and the residual keep the target's distribution at any temperature.
@@ -30,8 +31,6 @@ import torch
 from draftwise.backends.head_runner import HeadRunner
 from draftwise.drafters.base import common_prefix
 from draftwise.drafters.model import ModelDrafter
-
-WINDOW = 1  # prompt positions whose features the head reads on llama.cpp (each one LM-head row at prefill)
 
 
 @dataclass(slots=True)
@@ -48,9 +47,8 @@ class HeadDrafter(ModelDrafter):
     name = "head"
     cheap = False
 
-    def __init__(self, runner: HeadRunner, window: int = WINDOW):
+    def __init__(self, runner: HeadRunner):
         super().__init__(runner)
-        self.window = window
         self.features = runner.head.config.feature_layers  # what the target must return: see TorchRunner.features
         self._seqs: dict[int, _HeadSeq] = {}
 
@@ -90,15 +88,15 @@ class HeadDrafter(ModelDrafter):
         return st
 
     def ready(self, seq_key: int, context: list[int]) -> bool:
-        """Has it the target's features of every context position but the last (what drafting
-        after this context reads)?"""
+        """Has it the target's features up to the position before the last (what drafting after
+        this context reads; features start after a gap, or past a reused prompt, are not there)?"""
         st = self._seqs.get(seq_key)
-        return st is not None and st.feats is not None and st.fbase + len(st.feats) >= len(context) - 1
+        return st is not None and st.feats is not None and st.fbase <= len(context) - 2 < st.fbase + len(st.feats)
 
     def pending(self, seq_key: int, context: list[int]) -> int:
         st, L = self._seqs.get(seq_key), len(context)
         if st is None or st.feats is None:
-            return max(1, min(self.window, L))
+            return 1  # it cannot draft (`ready`): nothing to catch up on yet
         keep = _keep(st, context)
         return max(L - (st.fbase + 1 if keep is None else keep), 1)
 
