@@ -20,10 +20,16 @@ padded to the longest feed. The server's runner and cached curve, so `draftwise 
     .venv/bin/python benchmarks/cost_curves.py ragged --model qwen2.5-coder-1.5b
     .venv/bin/python benchmarks/cost_curves.py native --model qwen2.5-coder-1.5b
     .venv/bin/python benchmarks/cost_curves.py trie
+    .venv/bin/python benchmarks/cost_curves.py head --model qwen2.5-coder-1.5b
 
 `trie`: what building the suffix drafter's request trie over a long prompt costs while Python's
 cyclic GC walks everything a loaded process holds, and with that frozen as the server does
 (docs/server.md; `docs/data/trie_gc.txt`).
+
+`head`: what a draft head costs around the target (docs/heads.md; `docs/data/head_costs_epyc.txt`):
+one drafted token of the target's packaged head in float32 and in bfloat16 (HeadRunner, after a
+64-position context), and a llama.cpp prefill of the prompt with the per-token embeddings (the
+head's features) switched off and on, one output row either way, interleaved per repeat.
 """
 from __future__ import annotations
 
@@ -202,6 +208,48 @@ def trie_builds(lengths: list[int], reps: int, vocab: int = 3000) -> list[tuple[
             for n in lengths]
 
 
+def head_costs(model: str, head: str | None, prompt_tokens: int, reps: int) -> list[str]:
+    """Lines of the `head` report: medians of `reps` (ms)."""
+    import torch
+
+    from draftwise.backends.head_runner import HeadRunner
+    from draftwise.models.head import load_head
+    from draftwise.models.heads import resolve_head
+    from draftwise.models.load import load_runner
+
+    runner, tok = load_runner(model, "llama.cpp", 2)
+    path = resolve_head(head, model)
+    out = [f"# {model}, llama.cpp; head {path.name}; median of {reps} (ms)"]
+    for dtype in (torch.float32, torch.bfloat16):
+        hr = HeadRunner(load_head(path, runner).to(dtype), "", runner.max_context, runner.vocab_size)
+        seq = hr.new_sequence()
+        hr.give_features(seq, torch.randn(64, runner.hidden_size))
+        hr.forward([seq], [[1] * 64], [1])
+        ms = []
+        for _ in range(reps + 1):
+            t = time.perf_counter()
+            hr.forward([seq], [[7]], [1])
+            ms.append(1e3 * (time.perf_counter() - t))
+            hr.truncate(seq, 64)
+        out.append(f"head drafted token, {str(dtype).removeprefix('torch.')}: {statistics.median(ms[1:]):.2f}")
+    ids = (tok.encode("def f(x):\n    return x * 2\n") * prompt_tokens)[:prompt_tokens]
+    times = {False: [], True: []}
+    for i in range(reps + 1):
+        for on in (False, True):
+            runner.features = [] if on else None
+            seq = runner.new_sequence()
+            t = time.perf_counter()
+            runner.forward([seq], [ids], [1])
+            if i:
+                times[on].append(1e3 * (time.perf_counter() - t))
+            runner.free(seq)
+    runner.features = None
+    for on in (False, True):
+        out.append(f"prefill of {prompt_tokens} tokens, 1 output row, embeddings {'on' if on else 'off'}: "
+                   f"{statistics.median(times[on]):.0f}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -221,7 +269,15 @@ def main(argv: list[str] | None = None) -> None:
     tr = sub.add_parser("trie", help="the suffix drafter's request trie build, GC walking the heap or frozen")
     tr.add_argument("--lengths", type=int, nargs="+", default=[500, 1000, 1500, 3000])
     tr.add_argument("--reps", type=int, default=5)
+    hd = sub.add_parser("head", help="a draft head's token in fp32 and bf16; prefill with embeddings off and on (llama.cpp)")
+    hd.add_argument("--model", default="qwen2.5-coder-1.5b")
+    hd.add_argument("--head", default=None, help="a head directory or packaged name (default: the model's packaged head)")
+    hd.add_argument("--prompt-tokens", type=int, default=300)
+    hd.add_argument("--reps", type=int, default=7)
     a = ap.parse_args(argv)
+    if a.cmd == "head":
+        print("\n".join(head_costs(a.model, a.head, a.prompt_tokens, a.reps)))
+        return
     if a.cmd == "trie":
         print("prompt tokens | trie nodes | ms, GC walking the heap | ms, heap frozen")
         for n, nodes, walked, frozen in trie_builds(a.lengths, a.reps):

@@ -297,3 +297,22 @@ def test_cost_curves_trie_builds(capsys):
     rows = capsys.readouterr().out.splitlines()
     assert rows[0].startswith("prompt tokens") and rows[1].split("|")[0].strip() == "40"
     assert 40 < int(rows[1].split("|")[1]) <= 1 + 24 * 17 + 23 * 24 // 2  # root + substrings of <= 24 tokens
+
+
+def test_cost_curves_head_costs_on_smollm2(tmp_path, capsys):
+    pytest.importorskip("llama_cpp")
+    from draftwise.models.head import HeadConfig, new_head, save_head
+    from draftwise.models.load import load_runner
+
+    runner, _ = load_runner("smollm2-135m", "llama.cpp", threads=2)
+    emb, rows = runner.embedding_tables()
+    ids = torch.arange(256)
+    c = HeadConfig(runner.hidden_size, 4, 2, 64, 256, runner.vocab_size, 256, [], 1e-6, 10000.0)
+    save_head(new_head(c, emb, rows(ids), torch.zeros(256, dtype=torch.long)), tmp_path / "h", dtype=torch.float32)
+    driver("cost_curves").main(["head", "--model", "smollm2-135m", "--head", str(tmp_path / "h"),
+                                "--prompt-tokens", "40", "--reps", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split(":")[0] for ln in lines[1:]] == [
+        "head drafted token, float32", "head drafted token, bfloat16",
+        "prefill of 40 tokens, 1 output row, embeddings off", "prefill of 40 tokens, 1 output row, embeddings on"]
+    assert all(float(ln.split(":")[1]) > 0 for ln in lines[1:])

@@ -7,8 +7,8 @@ next with `give_features(seq, feats)`; a token forwarded without them (a drafted
 head's own output at the position before it, as EAGLE drafts.
 
 On a CPU the head runs in the dtype that drafts a token faster there (`fastest_dtype`): bfloat16
-where the CPU has bf16 matrix instructions (AMD EPYC here: 2.3 ms a drafted token against 6.4 in
-float32), float32 where bf16 would be emulated.
+where the CPU has bf16 matrix instructions (docs/heads.md has the AMD EPYC's figures), float32
+where bf16 would be emulated.
 """
 from __future__ import annotations
 

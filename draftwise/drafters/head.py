@@ -11,13 +11,12 @@ output at the position before them; next round they are fed again with the targe
 
 The target's features cost nothing on torch (the hidden states come with the forward): every
 forward returns them and the head reads the whole prompt. On llama.cpp they cost work: a prefill
-with the per-token embeddings switched on takes ~19% longer even when one row is asked for (300
-tokens: 1.40 s against 1.18), and a step's rows cost a copy. So the scheduler asks for them only
-where the head reads them: never at prefill, and on a step only when the head drafts that round
-or wanted to and could not (`ready`: it lacked the features of the context, which a plain step
-then collects). Where features skipped some positions (`observe` sees a gap), the head starts
-over after the first one it has; it reads no prompt position then (with the prompt's last 64
-the packaged head accepted 0.063 of its drafts on 14 prompts, with its last one 0.061).
+with the per-token embeddings switched on is slower even when one row is asked for (docs/heads.md),
+and a step's rows cost a copy. So the scheduler asks for them only where the head reads them:
+never at prefill, and on a step only when the head drafts that round or wanted to and could not
+(`ready`: it lacked the features of the context, which a plain step then collects). Where
+features skipped some positions (`observe` sees a gap), the head starts over after the first one
+it has; on llama.cpp it reads no prompt position.
 
 Acceptance is the engine's usual rule: q is the head's softmax over its draft vocabulary (zero
 elsewhere), so min(1, p/q) and the residual keep the target's distribution at any temperature.
