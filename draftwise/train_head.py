@@ -1,9 +1,9 @@
 """`draftwise train-head`: a draft head for a target, trained on this machine.
 
-1. Text (`build_texts`): the target's own greedy answers to the instructions below (written for
-   this purpose, none from an evaluation set), then Python's standard library source and the
-   Markdown / reST documentation of the installed packages, in a fixed order. Nothing is read from
-   draftwise's evaluation data (draftwise/data) or anything the benchmarks use.
+1. Text (draftwise/head_text.py): the target's own greedy answers to instructions written or
+   composed for this (none from an evaluation set), packed one after another, then Python's
+   standard library source and the installed packages' documentation, in a fixed order. Nothing
+   is read from draftwise's evaluation data (draftwise/data) or anything the benchmarks use.
 2. Features (`extract`): the target runs over each chunk of text once, returning the last layer's
    normed state of every position (llama.cpp's prompt processing is the fast path) and its greedy
    token there; shards of ~20k tokens (fp16 features) under OUT/features with a manifest, written
@@ -15,7 +15,9 @@
    against the target's distribution over the draft vocabulary (its LM head rows applied to its
    feature), weighted 0.8^(s-1). Progress (tokens/s, loss, top-1 agreement, ETA) on stderr; a
    checkpoint every `save_every` steps and at each epoch's end (OUT/train/ckpt.pt), so a rerun
-   resumes; each epoch ends with teacher-forced acceptance per draft position on the held-out shard.
+   resumes; each epoch ends with teacher-forced acceptance per draft position on the held-out 5%
+   (every 20th sequence), and on its answers alone. Training runs under bf16 autocast where that is
+   faster (`_mixed`).
 4. The head (config.json + bf16 model.safetensors) in OUT/head, the log in OUT/train/log.json.
 """
 from __future__ import annotations
@@ -23,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-import sysconfig
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,34 +32,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from draftwise.head_text import answers, local_texts
 from draftwise.models.head import DraftHead, HeadConfig, new_head, save_head
-
-INSTRUCTIONS = (
-    "Explain what a hash table is and when to use one.", "Write a short story about a lighthouse keeper.",
-    "Give three tips for writing clear emails.", "What causes the seasons on Earth?",
-    "Write a Python function that checks whether a string is a palindrome.", "Summarise the plot of a heist film you invent.",
-    "Describe how a bicycle gear system works.", "What is the difference between a list and a tuple in Python?",
-    "Write a polite note declining a meeting invitation.", "Explain recursion to a beginner with an example.",
-    "Compare trains and planes for a 500 km trip.", "Write a haiku sequence about autumn rain.",
-    "How does compound interest work? Give a worked example.", "Write a SQL query that finds duplicate emails in a users table.",
-    "Describe a day in the life of a medieval baker.", "What are good habits for learning a new language?",
-    "Explain the difference between TCP and UDP.", "Write a JavaScript function that debounces another function.",
-    "Give advice to someone starting their first job.", "Explain photosynthesis in simple terms.",
-    "Write a product description for a solar-powered lamp.", "What is Big-O notation? Explain with examples.",
-    "Write a dialogue between a detective and a witness.", "How do vaccines train the immune system?",
-    "Write a bash script that backs up a directory with a timestamp.", "Explain what an API is to a non-programmer.",
-    "Describe the water cycle step by step.", "Write a cover letter opening for a data analyst role.",
-    "What are the pros and cons of remote work?", "Explain how binary search works and write it in C.",
-    "Write a limerick about a forgetful robot.", "How should I structure a presentation for a technical audience?",
-)
-
 
 @dataclass(slots=True)
 class TrainConfig:
     out: str
-    max_tokens: int = 120_000  # text tokens to extract features for
-    answers: int = len(INSTRUCTIONS)  # instructions the target answers (its own text)
-    answer_tokens: int = 160
+    max_tokens: int = 400_000  # text tokens to extract features for
+    answers: int = 600  # instructions the target answers (its own text)
+    answer_tokens: int = 192
     seq_len: int = 512
     draft_vocab: int = 8192
     intermediate: int = 1536
@@ -68,38 +50,6 @@ class TrainConfig:
     lr: float = 6e-4
     save_every: int = 50
     seed: int = 0
-
-
-# --- 1. text ------------------------------------------------------------------------------
-
-def local_texts() -> list[tuple[str, str]]:
-    """(source, text) of Python's standard library and installed packages' docs, in a fixed order."""
-    out = []
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    for p in sorted(stdlib.glob("*.py")):
-        out.append((f"stdlib/{p.name}", p.read_text(errors="ignore")))
-    purelib = Path(sysconfig.get_paths()["purelib"])
-    for p in sorted(list(purelib.rglob("*.md")) + list(purelib.rglob("*.rst"))):
-        if "draftwise" not in p.parts and p.stat().st_size > 2000:
-            out.append((f"docs/{p.relative_to(purelib)}", p.read_text(errors="ignore")))
-    # interleave code and prose so that any prefix of the list mixes both
-    code, docs = [t for t in out if t[0].startswith("stdlib")], [t for t in out if t[0].startswith("docs")]
-    mixed = [t for pair in zip(code, docs) for t in pair] + code[len(docs):] + docs[len(code):]
-    return mixed
-
-
-def answers(runner, tok, n: int, max_tokens: int, log) -> list[tuple[str, list[int]]]:
-    """The target's greedy answers to the first n INSTRUCTIONS, as chat token ids (prompt + answer)."""
-    from draftwise.engine import Engine
-
-    eng = Engine(runner, tok, max_running=1)
-    out = []
-    for i, text in enumerate(INSTRUCTIONS[:n]):
-        ids = tok.apply_chat([{"role": "user", "content": text}])
-        res = eng.generate(ids, max_tokens=max_tokens)
-        out.append((f"answer/{i}", ids + res.token_ids))
-        log(f"answers: {i + 1}/{n}")
-    return out
 
 
 # --- 2. features --------------------------------------------------------------------------
@@ -116,8 +66,9 @@ def features_of(runner, ids: list[int], layers: list[int] | None = None) -> tupl
         runner.features = None
 
 
-def extract(cfg: TrainConfig, runner, tok, log=None) -> dict:
-    """Features of the text under OUT/features (see the module docstring); returns the manifest."""
+def extract(cfg: TrainConfig, runner, tok, log=None, gen=None) -> dict:
+    """Features of the text under OUT/features (see the module docstring); returns the manifest.
+    `gen`: the runner that writes the answers (default `runner`)."""
     log = log or (lambda m: print(m, file=sys.stderr))
     root = Path(cfg.out) / "features"
     root.mkdir(parents=True, exist_ok=True)
@@ -128,8 +79,12 @@ def extract(cfg: TrainConfig, runner, tok, log=None) -> dict:
     if man["done"]:
         return man
     t0 = time.perf_counter()
-    docs = answers(runner, tok, cfg.answers, cfg.answer_tokens, log) if not man["shards"] else []
-    docs += [(src, tok.encode(text)) for src, text in local_texts()]
+    texts = local_texts()
+    said = answers(gen or runner, tok, cfg.answers, cfg.answer_tokens, root / "answers.jsonl", log, texts=texts)
+    man["answer_seconds"] = man.get("answer_seconds", 0.0) + time.perf_counter() - t0
+    t0 = time.perf_counter()
+    docs = [("answer/all", [t for _, ids in said for t in ids])]  # packed: chunks hold whole conversations and parts
+    docs += [(src, tok.encode(text)) for src, text in texts]
     chunks = []  # (source, ids) of at most seq_len tokens, in order, up to max_tokens
     total = 0
     for src, ids in docs:
@@ -141,12 +96,13 @@ def extract(cfg: TrainConfig, runner, tok, log=None) -> dict:
         if total >= cfg.max_tokens:
             break
     done = sum(s["sequences"] for s in man["shards"])
-    shard = {"tokens": [], "feats": [], "argmax": []}
+    shard = {"tokens": [], "feats": [], "argmax": [], "sources": []}
     for n, (src, ids) in enumerate(chunks[done:], done):
         logits, feats = features_of(runner, ids)  # [T, V], [T, H]
         shard["tokens"].append(torch.tensor(ids, dtype=torch.int32))
         shard["feats"].append(feats.half())
         shard["argmax"].append(logits.argmax(-1).int())
+        shard["sources"].append(src.split("/")[0])
         man["sources"][src.split("/")[0]] = man["sources"].get(src.split("/")[0], 0) + len(ids)
         ntok = sum(len(t) for t in shard["tokens"])
         if ntok >= 20_000 or n == len(chunks) - 1:
@@ -156,8 +112,8 @@ def extract(cfg: TrainConfig, runner, tok, log=None) -> dict:
             man["seconds"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             mpath.write_text(json.dumps(man, indent=1))
-            shard = {"tokens": [], "feats": [], "argmax": []}
-        got = sum(s["tokens"] for s in man["shards"]) + ntok
+            shard = {"tokens": [], "feats": [], "argmax": [], "sources": []}
+        got = sum(s["tokens"] for s in man["shards"]) + sum(len(t) for t in shard["tokens"])
         log(f"features: {n + 1}/{len(chunks)} chunks, {got} tokens, "
             f"{got / max(man['seconds'] + time.perf_counter() - t0, 1e-9):.0f} tok/s")
     man["done"] = True
@@ -171,7 +127,9 @@ def _load_shards(root: Path, man: dict) -> list[dict]:
     seqs = []
     for s in man["shards"]:
         d = torch.load(root / s["file"])
-        seqs += [{"tokens": t.long(), "feats": f, "argmax": a.long()} for t, f, a in zip(d["tokens"], d["feats"], d["argmax"])]
+        srcs = d.get("sources") or [""] * len(d["tokens"])
+        seqs += [{"tokens": t.long(), "feats": f, "argmax": a.long(), "source": src}
+                 for t, f, a, src in zip(d["tokens"], d["feats"], d["argmax"], srcs)]
     return [s for s in seqs if len(s["tokens"]) >= 8]
 
 
@@ -243,7 +201,8 @@ def evaluate(head: DraftHead, seqs: list[dict], steps: int, t2d: torch.Tensor, b
     tot = [0] * steps
     with torch.no_grad():
         for tok, feats, am in _batches(seqs, batch, torch.Generator().manual_seed(0)):
-            _, _, alive, _ = ttt_losses(head, tok, feats, am, steps, t2d)
+            with _mixed(head):
+                _, _, alive, _ = ttt_losses(head, tok, feats, am, steps, t2d)
             for s, a in enumerate(alive):
                 hits[s] += int(a.sum())
                 tot[s] += a.numel()
@@ -264,8 +223,9 @@ def train(cfg: TrainConfig, runner, log=None) -> dict:
     root = Path(cfg.out)
     man = json.loads((root / "features" / "manifest.json").read_text())
     seqs = _load_shards(root / "features", man)
-    held = max(1, len(seqs) // 20)  # the last 5% of the sequences: never trained on
-    train_seqs, held_seqs = seqs[:-held], seqs[-held:]
+    held_seqs = seqs[19::20]  # every 20th sequence (5%, answers and other text alike): never trained on
+    train_seqs = [s for i, s in enumerate(seqs) if i % 20 != 19]
+    held = len(held_seqs)
     H, V = runner.hidden_size, runner.vocab_size
     ids = draft_vocabulary(train_seqs, cfg.draft_vocab, V)
     t2d = torch.full((V,), -1, dtype=torch.long)
@@ -302,7 +262,8 @@ def train(cfg: TrainConfig, runner, log=None) -> dict:
         for i, (tok, feats, am) in enumerate(_batches(train_seqs, cfg.batch, gen)):
             if epoch * steps_per_epoch + i < state["step"]:
                 continue  # resumed: this epoch's batches already trained on
-            loss, top1, _, _ = ttt_losses(head, tok, feats, am, cfg.ttt_steps, t2d)
+            with _mixed(head):
+                loss, top1, _, _ = ttt_losses(head, tok, feats, am, cfg.ttt_steps, t2d)
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -323,20 +284,36 @@ def train(cfg: TrainConfig, runner, log=None) -> dict:
                 break
         print(file=sys.stderr)
         ev = evaluate(head, held_seqs, cfg.ttt_steps, t2d, cfg.batch)
+        chat = [s for s in held_seqs if s["source"] == "answer"]
+        if chat:  # the target's own answers alone: the text a head drafts in generation
+            ev["answers"] = evaluate(head, chat, cfg.ttt_steps, t2d, cfg.batch)
         state["epochs"].append({"epoch": epoch + 1, "step": state["step"], **ev, "train_loss": ema[0],
                                 "train_top1": ema[1]})
         log(f"epoch {epoch + 1}: held-out teacher-forced acceptance per position "
             f"{', '.join(f'{a:.3f}' for a in ev['acceptance_per_position'])}; "
-            f"expected accepted of {cfg.ttt_steps}: {ev['expected_accepted']:.2f}")
+            f"expected accepted of {cfg.ttt_steps}: {ev['expected_accepted']:.2f}"
+            + (f"; on the target's answers {', '.join(f'{a:.3f}' for a in ev['answers']['acceptance_per_position'])}"
+               if "answers" in ev else ""))
         _save(ckpt, head, opt, sched, state, base + time.perf_counter() - t0)
         t0, base, tok_since = time.perf_counter(), state["seconds"], 0
     save_head(head, root / "head")
-    out = {"config": asdict(cfg), "features": {k: man[k] for k in ("sources", "seconds", "model")},
+    out = {"config": asdict(cfg), "features": {k: man.get(k) for k in ("sources", "seconds", "answer_seconds", "model")},
            "feature_tokens": sum(s["tokens"] for s in man["shards"]), "draft_vocab_coverage": cover,
            "train_seconds": state["seconds"], "train_tokens": state["tokens"], "epochs": state["epochs"],
            "head_params": sum(p.numel() for p in head.weights().values())}
     (tdir / "log.json").write_text(json.dumps(out, indent=1))
     return out
+
+
+def _mixed(head: DraftHead) -> torch.autocast:
+    """bf16 autocast (weights and gradients stay fp32) where the head's products run clearly faster
+    in bf16: on CUDA, and on a CPU where head_runner.fastest_dtype picks it (2.5x the training
+    tokens/s on the AMD EPYC machine type)."""
+    from draftwise.backends.head_runner import fastest_dtype
+
+    dev = head.fc.weight.device.type
+    on = dev == "cuda" or fastest_dtype(head) == torch.bfloat16
+    return torch.autocast(dev, dtype=torch.bfloat16, enabled=on)
 
 
 def _save(path: Path, head, opt, sched, state: dict, seconds: float) -> None:
