@@ -196,11 +196,11 @@ def cmd_train_head(a) -> int:
     backend = a.backend or "llama.cpp"
     runner, tok = load_runner(a.target, backend, a.threads, None,
                               **({"n_batch": cfg.seq_len} if backend == "llama.cpp" else {}))
-    gen = None  # llama.cpp answers 16 at a time on the repacked kernels (faster for a few rows a sequence,
-    if backend == "llama.cpp":  # slower for the features' 512-token chunks)
-        gen, _ = load_runner(a.target, backend, a.threads, None, n_seq_max=16, fast_kernels=True)
+    # llama.cpp answers 16 at a time on the repacked kernels (faster for a few rows a sequence, slower
+    # for the features' 512-token chunks), loaded only if answers are missing
+    gen = (lambda: load_runner(a.target, backend, a.threads, None, n_seq_max=16, fast_kernels=True)[0]) \
+        if backend == "llama.cpp" else None
     extract(cfg, runner, tok, gen=gen)
-    del gen
     out = train(cfg, runner)
     print(f"head written to {Path(a.out) / 'head'}; held-out teacher-forced acceptance per position: "
           f"{', '.join(f'{x:.3f}' for x in out['epochs'][-1]['acceptance_per_position'])}")
@@ -560,7 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--backend", choices=("torch", "llama.cpp"), default=None, help="feature extraction (default llama.cpp)")
     th.add_argument("--threads", type=int, default=None)
     th.add_argument("--out", default="results/head", help="features, checkpoints and the head (OUT/head)")
-    th.add_argument("--max-tokens", type=int, default=400_000, help="text tokens to train on")
+    th.add_argument("--max-tokens", type=int, default=300_000, help="text tokens to train on")
     th.add_argument("--answers", type=int, default=600, help="instructions the target answers first (its own text)")
     th.add_argument("--answer-tokens", type=int, default=192)
     th.add_argument("--seq-len", type=int, default=512)

@@ -177,7 +177,8 @@ def answers(runner, tok, n: int, max_tokens: int, path: Path, log, batch: int = 
             texts: list[tuple[str, str]] | None = None) -> list[tuple[str, list[int]]]:
     """The target's greedy answers to the first n instructions, as chat token ids (prompt + answer),
     `batch` at a time; each finished answer is appended to `path` (JSON lines) and a rerun
-    generates only the missing ones."""
+    generates only the missing ones. `runner`: a runner, or a function returning one, called only
+    when answers are missing."""
     from draftwise.engine import Engine
 
     done: dict[int, list[int]] = {}
@@ -188,7 +189,7 @@ def answers(runner, tok, n: int, max_tokens: int, path: Path, log, batch: int = 
                 done[d["i"]] = d["ids"]
     todo = [(i, text) for i, text in enumerate(instructions(n, texts)) if i not in done]
     if todo:
-        eng = Engine(runner, tok, max_running=batch)
+        eng = Engine(runner() if callable(runner) else runner, tok, max_running=batch)
         with path.open("a") as f:
             def keep(i: int, prompt: list[int]):
                 def deliver(chunk) -> None:

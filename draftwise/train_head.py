@@ -38,7 +38,7 @@ from draftwise.models.head import DraftHead, HeadConfig, new_head, save_head
 @dataclass(slots=True)
 class TrainConfig:
     out: str
-    max_tokens: int = 400_000  # text tokens to extract features for
+    max_tokens: int = 300_000  # text tokens to extract features for
     answers: int = 600  # instructions the target answers (its own text)
     answer_tokens: int = 192
     seq_len: int = 512
@@ -68,7 +68,7 @@ def features_of(runner, ids: list[int], layers: list[int] | None = None) -> tupl
 
 def extract(cfg: TrainConfig, runner, tok, log=None, gen=None) -> dict:
     """Features of the text under OUT/features (see the module docstring); returns the manifest.
-    `gen`: the runner that writes the answers (default `runner`)."""
+    `gen`: the runner that writes the answers, or a function returning it (default `runner`)."""
     log = log or (lambda m: print(m, file=sys.stderr))
     root = Path(cfg.out) / "features"
     root.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ class PackagedHead:
 
 PACKAGED_HEADS: dict[str, PackagedHead] = {h.name: h for h in (
     PackagedHead("qwen2.5-coder-1.5b-head", "qwen2.5-coder-1.5b",
-                 "9c9d7c54d7d9ea303e57e2302ba9cb6719ff40638443cc7a610a653c7384922a"),
+                 "3a0d7b718122fa578e065b698506af7586f980db182c367c2b1f38bf7c379db0"),
 )}
 
 
