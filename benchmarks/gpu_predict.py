@@ -1,7 +1,7 @@
 """Predicted speedup per fixed D on the H200 curves (docs/data/gpu_curves_h200.json, from
 benchmarks/gpu_check.py) for the acceptance measured on the CPU with the real models
 (docs/data/core_torch_packed.jsonl, from benchmarks/core.py torch) and, for the packaged head, its
-acceptance per position on the plain outputs (docs/data/head_llama/teacher_forced.json): what the
+acceptance per position on the plain outputs (docs/data/head_llama10/teacher_forced.json): what the
 planner would expect on that GPU, and the acceptance a head would need there for 1.8x and 2.0x.
 Forward costs only (no per-round Python overhead, no prefill).
 
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--curves", default="docs/data/gpu_curves_h200.json")
     ap.add_argument("--rows", default="docs/data/core_torch_packed.jsonl")
-    ap.add_argument("--head-acceptance", default="docs/data/head_llama/teacher_forced.json")
+    ap.add_argument("--head-acceptance", default="docs/data/head_llama10/teacher_forced.json")
     a = ap.parse_args(argv)
     doc = json.load(open(a.curves))
     target, draft = curve(doc, "qwen2.5-coder-1.5b"), curve(doc, "qwen2.5-coder-0.5b")

@@ -13,7 +13,7 @@ plain output, per category and overall, next to what the run's head configuratio
 generation (docs/heads.md).
 
     .venv/bin/python benchmarks/trace_agreement.py docs/data/plain_llama_prose16 results/traces.jsonl
-    .venv/bin/python benchmarks/trace_agreement.py results/head_llama results/head_tf.json --head
+    .venv/bin/python benchmarks/trace_agreement.py results/head_llama10 results/head_tf.json --head
 """
 from __future__ import annotations
 
