@@ -1,4 +1,4 @@
-"""Cost curves: the table of saved `draftwise profile` curves (results.md §3), and ragged batched
+"""Cost curves: the table of saved `draftwise profile` curves (docs/design.md, Measured cost curves), and ragged batched
 steps measured against what the planner predicts for them (docs/planner.md, "Batches").
 
 `table`: ms per forward of k new tokens (logits at all k), one row per curve and batch size, with
@@ -8,7 +8,7 @@ the ratio to k = 1 of the same batch size.
 the same sitting: draftwise's LlamaRunner forward of k tokens at a fixed context with logits at all
 k rows (what verification needs) and at the last row only (what llama-bench's ppK times), standard
 and repacked kernels, interleaved per repeat; the time inside llama_decode apart from the Python
-around it; and llama-bench ppK at the same depth with --repack 0 and 1 (docs/results.md §3).
+around it; and llama-bench ppK at the same depth with --repack 0 and 1 (docs/design.md, Measured cost curves).
 
 `ragged`: a batched step whose sequences feed different numbers of tokens, measured against its
 prediction from the cost curve (measured on even batches): priced as the forwards the runner runs

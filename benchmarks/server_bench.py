@@ -1,5 +1,5 @@
 """`draftwise bench --endpoint` against one server process per configuration on loopback, at
-concurrency 1, 2, 4, 8, 16 (docs/results.md §6): `draftwise serve` (default: speculation off,
+concurrency 1, 2, 4, 8, 16 (docs/server.md, Measuring it): `draftwise serve` (default: speculation off,
 n-gram `auto`, n-gram D = 4), or with `--engine llama-server` llama.cpp's own server
 (scripts/setup_peers.sh builds it; configurations plain, its n-gram types, `draft`: the 0.5B
 draft model; docs/peers.md), or vLLM; with a peer, `draftwise-auto` adds `draftwise serve` at

@@ -158,7 +158,7 @@ def runner_identity(runner: ModelRunner) -> dict | None:
 # how profile_runner measures, part of a cached profile's key: a curve measured another way is
 # measured again. 2: repeats as passes over every k (1 timed each k's repeats back to back: on
 # torch on 2 EPYC cores its cached 1.5B curve had k = 5 at 1.25x k = 1 where an interleaved
-# measurement, and the running engine, have ~1.03x; docs/results.md)
+# measurement, and the running engine, have ~1.03x; docs/design.md, Measured cost curves)
 METHOD = 2
 
 
