@@ -256,7 +256,9 @@ def _bench_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--configs", nargs="+", default=["plain", "ngram:4", "model:4"],
                    help="plain, or DRAFTER:D with DRAFTER ngram | suffix | suffix-tree | model | head | auto and D an integer "
                    "or auto; a comma list of D sweeps it (ngram:2,4,8,auto)")
-    b.add_argument("--baseline", default="plain")
+    b.add_argument("--baseline", default=None,
+                   help="the configuration speedups and outputs are measured against (default plain); with "
+                   "--report-only, another configuration of the finished run (written as summary_vs_CONFIG.*)")
     b.add_argument("--workload", default="editeval", help="editeval | humaneval | specbench | mtbench | prose | "
                    "a Spec-Bench category | a .jsonl file; comma-separated to combine")
     b.add_argument("--n", type=int, default=5, help="prompts per category, drawn with --seed (0: all)")
@@ -305,7 +307,7 @@ def cmd_bench(a) -> int:
 
     cfg = BenchConfig(**_spec(a).model_fields(),
                       max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
-                      sample_seed=a.sample_seed, configs=tuple(a.configs), baseline=a.baseline,
+                      sample_seed=a.sample_seed, configs=tuple(a.configs), baseline=(None if a.report_only else a.baseline) or "plain",
                       workload=a.workload, n_per_category=a.n or None, seed=a.seed, both_turns=a.both_turns,
                       context_edges=tuple(a.context_edges), repeats=a.repeats, warmup=a.warmup,
                       concurrency=tuple(a.concurrency), margins=not a.no_margins, out_dir=a.out,
@@ -318,9 +320,12 @@ def cmd_bench(a) -> int:
             print(f"\ninterrupted: what was measured is in {a.out}; rerun the same command to resume",
                   file=sys.stderr)
             return 130
-    summary = summarise(cfg.out_dir, goal=cfg.goal)
-    json_path, csv_path = summary.save(cfg.out_dir)
-    html_path = write_report(summary, Path(cfg.out_dir) / "report.html")
+    other = a.baseline if a.report_only else None  # re-summarised against another configuration
+    summary = summarise(cfg.out_dir, goal=cfg.goal, baseline=other)
+    stem = "summary" if other is None or other == summary.conditions["baseline"] else \
+        "summary_vs_" + "".join(c if c.isalnum() else "_" for c in other)
+    json_path, csv_path = summary.save(cfg.out_dir, stem)
+    html_path = write_report(summary, Path(cfg.out_dir) / ("report.html" if stem == "summary" else f"{stem}.html"))
     print(check_text(summary))  # first, before any speed figure
     print(conditions_text(summary))
     print(format_table(summary))

@@ -518,3 +518,28 @@ def test_step_time_split_as_columns_in_csv_and_html(tmp_path):
     page = write_report(s, tmp_path / "report.html").read_text()
     assert "<th>draft ms/step</th><th>verify ms/step</th><th>other ms/step</th>" in page
     assert f"<td>{step['verify']:.2f}</td>" in page and "&quot;prefill_per_request&quot;" not in page
+
+
+def test_cli_bench_report_only_against_another_configuration(tmp_path, capsys):
+    """--report-only --baseline CONFIG re-summarises a finished run against one of its speculative
+    configurations: speedups paired per prompt against it (a fake ngram:4 against ngram:2 gives
+    the ratio of their ms per token), written beside the run's own summary, which stays as it was."""
+    from draftwise import cli
+
+    out = tmp_path / "out"
+    run_bench(config(tmp_path), engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+    assert cli.main(["bench", "--report-only", "--out", str(out)]) == 0
+    own = (out / "summary.json").read_text()
+    capsys.readouterr()
+    assert cli.main(["bench", "--report-only", "--out", str(out), "--baseline", "ngram:2"]) == 0
+    text = capsys.readouterr().out
+    assert "baseline ngram:2" in text
+    vs = json.loads((out / "summary_vs_ngram_2.json").read_text())
+    rows = {r["config"]: r for r in vs["rows"] if r["scope"] == "all"}
+    mine = {r["config"]: r for r in json.loads(own)["rows"] if r["scope"] == "all"}
+    assert vs["baseline"] == "ngram:2" and rows["ngram:2"]["speedup"] == 1.0
+    assert rows["ngram:4"]["speedup"] == pytest.approx(mine["ngram:4"]["speedup"] / mine["ngram:2"]["speedup"])
+    assert rows["plain"]["speedup"] == pytest.approx(1 / mine["ngram:2"]["speedup"])
+    assert (out / "summary.json").read_text() == own and (out / "summary_vs_ngram_2.html").is_file()
+    assert cli.main(["bench", "--report-only", "--out", str(out), "--baseline", "model:9"]) == 2
+    assert "baseline 'model:9' is not a configuration" in capsys.readouterr().err

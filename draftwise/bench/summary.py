@@ -118,16 +118,16 @@ class Summary:
                 "mismatches": [m.to_dict() for m in self.mismatches],
                 "rows": [asdict(r) | {"in_noise": r.in_noise} for r in self.rows]}
 
-    def save(self, out_dir: str | Path) -> tuple[Path, Path]:
+    def save(self, out_dir: str | Path, stem: str = "summary") -> tuple[Path, Path]:
         d = Path(out_dir)
         d.mkdir(parents=True, exist_ok=True)
-        (d / "summary.json").write_text(json.dumps(self.to_dict(), indent=1))
-        with (d / "summary.csv").open("w", newline="") as f:
+        (d / f"{stem}.json").write_text(json.dumps(self.to_dict(), indent=1))
+        with (d / f"{stem}.csv").open("w", newline="") as f:
             w = csv.writer(f)
             w.writerow(_csv_header())
             for r in self.rows:
                 w.writerow(_csv_row(r))
-        return d / "summary.json", d / "summary.csv"
+        return d / f"{stem}.json", d / f"{stem}.csv"
 
 
 _LAT = ("ttft", "itl", "e2e")
@@ -215,16 +215,22 @@ def _row(scope, config, conc, recs, base, servers, describe, mism, n_boot, seed)
     return row
 
 
-def summarise(path: str | Path, n_boot: int = 2000, seed: int = 0, goal: str | None = None) -> Summary:
+def summarise(path: str | Path, n_boot: int = 2000, seed: int = 0, goal: str | None = None,
+              baseline: str | None = None) -> Summary:
     """Aggregate a results file (or its directory) measured by run_bench; with a service goal
-    (draftwise.bench.goal), each row also gets its verdict."""
+    (draftwise.bench.goal), each row also gets its verdict. `baseline`: another of the run's
+    configurations to measure speedups (paired per prompt, as against plain) and outputs against;
+    default: the run's own."""
     judged_by = parse_goal(goal) if goal is not None else None  # a malformed goal fails before the work
     res = Results.load(path)
     if res.meta is None or not res.requests:
         raise ValueError(f"{path}: no benchmark results")
     cond = res.meta["conditions"]
-    baseline = cond["baseline"]
     recs = sorted(res.requests.values(), key=lambda r: r.get("order", 0))
+    baseline = baseline or cond["baseline"]
+    configs = list(dict.fromkeys(r["config"] for r in recs))
+    if baseline not in configs:
+        raise ValueError(f"baseline {baseline!r} is not a configuration of {path} ({', '.join(configs)})")
     greedy = cond["temperature"] == 0
     mism, checked = find_mismatches(recs, baseline, res.divergences) if greedy else ([], None)
     describe = {}
@@ -236,7 +242,6 @@ def summarise(path: str | Path, n_boot: int = 2000, seed: int = 0, goal: str | N
     repeats = sorted({r["repeat"] for r in recs})
     if len(repeats) > 1:  # each pass over the prompts apart: a drafter that learns across requests gains
         scopes += [(f"repeat:{v}", lambda r, v=v: r["repeat"] == v) for v in repeats]
-    configs = list(dict.fromkeys(r["config"] for r in recs))
     rows = []
     for scope, keep in scopes:
         sub = [r for r in recs if keep(r)]
