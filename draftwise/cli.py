@@ -320,12 +320,11 @@ def cmd_bench(a) -> int:
             print(f"\ninterrupted: what was measured is in {a.out}; rerun the same command to resume",
                   file=sys.stderr)
             return 130
-    other = a.baseline if a.report_only else None  # re-summarised against another configuration
-    summary = summarise(cfg.out_dir, goal=cfg.goal, baseline=other)
-    stem = "summary" if other is None or other == summary.conditions["baseline"] else \
-        "summary_vs_" + "".join(c if c.isalnum() else "_" for c in other)
-    json_path, csv_path = summary.save(cfg.out_dir, stem)
-    html_path = write_report(summary, Path(cfg.out_dir) / ("report.html" if stem == "summary" else f"{stem}.html"))
+    # with --report-only, --baseline may re-summarise the run against another of its configurations
+    summary = summarise(cfg.out_dir, goal=cfg.goal, baseline=a.baseline if a.report_only else None)
+    json_path, csv_path = summary.save(cfg.out_dir)
+    html_path = write_report(summary, Path(cfg.out_dir) / ("report.html" if summary.stem == "summary"
+                                                           else f"{summary.stem}.html"))
     print(check_text(summary))  # first, before any speed figure
     print(conditions_text(summary))
     print(format_table(summary))

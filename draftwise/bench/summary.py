@@ -118,8 +118,16 @@ class Summary:
                 "mismatches": [m.to_dict() for m in self.mismatches],
                 "rows": [asdict(r) | {"in_noise": r.in_noise} for r in self.rows]}
 
-    def save(self, out_dir: str | Path, stem: str = "summary") -> tuple[Path, Path]:
-        d = Path(out_dir)
+    @property
+    def stem(self) -> str:
+        """Its files' name: `summary`, or `summary_vs_CONFIG` when re-summarised against another
+        configuration than the run's baseline (the run's own summary is then left as it was)."""
+        if self.baseline == self.conditions["baseline"]:
+            return "summary"
+        return "summary_vs_" + "".join(c if c.isalnum() else "_" for c in self.baseline)
+
+    def save(self, out_dir: str | Path) -> tuple[Path, Path]:
+        d, stem = Path(out_dir), self.stem
         d.mkdir(parents=True, exist_ok=True)
         (d / f"{stem}.json").write_text(json.dumps(self.to_dict(), indent=1))
         with (d / f"{stem}.csv").open("w", newline="") as f:
