@@ -45,7 +45,7 @@ from draftwise.planner import Batch
 from draftwise.policy import DraftPolicy, FixedDraftLength, RoundOutcome, StepTimes
 from draftwise.request import (Chunk, GenerationResult, PlanStep, Round, TokenLogprobs, check_draft_len,
                                check_request)
-from draftwise.sampling import SamplingParams, sample, warp
+from draftwise.sampling import SamplingParams, argmax, sample, warp
 from draftwise.stats import SpecStats
 from draftwise.verify import VerifyResult, greedy_verify, greedy_verify_tree, rejection_sample, rejection_sample_tree
 
@@ -369,7 +369,7 @@ class Scheduler:
             dt = time.perf_counter() - t
             self.observer.forward("prefill", 1, len(req.prompt_ids), dt)
             self.observer.phase("prefill", dt)
-        first = int(logits[-1].argmax()) if p.greedy else sample(warp(logits[-1:], p)[0], st.gen)
+        first = int(argmax(logits[-1])) if p.greedy else sample(warp(logits[-1:], p)[0], st.gen)
         if self.reuse_prefix:
             st.prompt_logits = logits.clone()
         st.stats.plain_steps += 1

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from draftwise.sampling import argmax
+
 
 @dataclass(slots=True)
 class VerifyResult:
@@ -110,7 +112,7 @@ def greedy_verify(
         return [greedy_verify(t, x) for t, x in zip(target_logits, draft_tokens)]
     _check(target_logits, draft_tokens, None)
     d = draft_tokens.shape[0]
-    best = target_logits.argmax(dim=-1)  # [D+1]
+    best = argmax(target_logits)  # [D+1]
     mismatch = torch.nonzero(best[:d] != draft_tokens)
     n = int(mismatch[0]) if mismatch.numel() else d
     return VerifyResult(draft_tokens[:n].tolist() + [int(best[n])], n, d)
@@ -145,7 +147,7 @@ def greedy_verify_tree(
     """Temperature 0 over a tree: from the root, follow the child whose token is the target's
     argmax at its parent's row while there is one, then emit the argmax where the path ends."""
     check_tree(draft_tokens, parents)
-    best = target_logits.argmax(dim=-1).tolist()  # [N+1]
+    best = argmax(target_logits).tolist()  # [N+1]
     kids, row, path = tree_children(parents), 0, []
     while True:
         nxt = next((c for c in kids[row] if draft_tokens[c] == best[row]), None)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from draftwise.sampling import SamplingParams, warp
+from draftwise.sampling import SamplingParams, argmax, warp
 
 
 def test_temperature_top_k_top_p_exact():
@@ -52,3 +52,15 @@ def test_tiny_top_p_keeps_the_top_token(top_p):
     logits = torch.log(torch.tensor([[0.2, 0.5, 0.3], [0.6, 0.1, 0.3]]))
     p = warp(logits, SamplingParams(temperature=1.0, top_p=top_p))
     assert torch.equal(p, torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
+
+
+def test_argmax_is_torch_argmax_first_of_ties_any_layout():
+    logits = torch.tensor([[0.0, 3.0, 3.0, 1.0], [5.0, 5.0, 5.0, 5.0], [-1.0, -2.0, -1.0, -3.0]])
+    assert argmax(logits).tolist() == [1, 0, 0]  # the first of equal maxima
+    assert argmax(logits[1]).tolist() == 0  # one row: a 0-d tensor, as torch.argmax(-1)
+    assert argmax(logits.t()).tolist() == [1, 1, 1, 1]  # a transposed (non-contiguous) view
+    g = torch.Generator().manual_seed(0)
+    big = torch.randn(2, 5, 151936, generator=g)
+    for x in (big, big.half(), big.bfloat16(), big[:, ::2]):
+        got = argmax(x)
+        assert got.dtype == torch.int64 and torch.equal(got, x.argmax(-1))

@@ -8,7 +8,7 @@ import torch
 
 from draftwise.backends.base import ModelRunner
 from draftwise.drafters.base import Proposal, StopRule, common_prefix
-from draftwise.sampling import SamplingParams, sample, warp
+from draftwise.sampling import SamplingParams, argmax, sample, warp
 
 
 @dataclass(slots=True)
@@ -100,7 +100,7 @@ class _Run:
         i = len(self.tokens)
         self.forwards += 1
         if self.params.greedy:
-            tok = int(logits[0].argmax())
+            tok = int(argmax(logits[0]))
             conf = _top_prob(logits[0]) if self.stop else 1.0  # its own p of its token
         else:
             q = warp(logits, self.params)  # [1, V]
