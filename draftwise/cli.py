@@ -305,15 +305,15 @@ def cmd_bench(a) -> int:
     from draftwise.bench import BenchConfig, run_bench, summarise, write_report
     from draftwise.bench.report import check_text, conditions_text, format_table
 
-    cfg = BenchConfig(**_spec(a).model_fields(),
-                      max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
-                      sample_seed=a.sample_seed, configs=tuple(a.configs), baseline=(None if a.report_only else a.baseline) or "plain",
-                      workload=a.workload, n_per_category=a.n or None, seed=a.seed, both_turns=a.both_turns,
-                      context_edges=tuple(a.context_edges), repeats=a.repeats, warmup=a.warmup,
-                      concurrency=tuple(a.concurrency), margins=not a.no_margins, out_dir=a.out,
-                      endpoints=_endpoints(a.endpoint), endpoint_model=a.endpoint_model,
-                      endpoint_api=a.endpoint_api, metrics=not a.no_metrics, goal=a.goal)
-    if not a.report_only:
+    if not a.report_only:  # --report-only reads the run's stored conditions: nothing to configure
+        cfg = BenchConfig(**_spec(a).model_fields(),
+                          max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+                          sample_seed=a.sample_seed, configs=tuple(a.configs), baseline=a.baseline or "plain",
+                          workload=a.workload, n_per_category=a.n or None, seed=a.seed, both_turns=a.both_turns,
+                          context_edges=tuple(a.context_edges), repeats=a.repeats, warmup=a.warmup,
+                          concurrency=tuple(a.concurrency), margins=not a.no_margins, out_dir=a.out,
+                          endpoints=_endpoints(a.endpoint), endpoint_model=a.endpoint_model,
+                          endpoint_api=a.endpoint_api, metrics=not a.no_metrics, goal=a.goal)
         try:
             run_bench(cfg, progress=not a.no_progress)
         except KeyboardInterrupt:
@@ -321,14 +321,14 @@ def cmd_bench(a) -> int:
                   file=sys.stderr)
             return 130
     # with --report-only, --baseline may re-summarise the run against another of its configurations
-    summary = summarise(cfg.out_dir, goal=cfg.goal, baseline=a.baseline if a.report_only else None)
-    json_path, csv_path = summary.save(cfg.out_dir)
-    html_path = write_report(summary, Path(cfg.out_dir) / ("report.html" if summary.stem == "summary"
-                                                           else f"{summary.stem}.html"))
+    summary = summarise(a.out, goal=a.goal, baseline=a.baseline if a.report_only else None)
+    json_path, csv_path = summary.save(a.out)
+    html_path = write_report(summary, Path(a.out) / ("report.html" if summary.stem == "summary"
+                                                     else f"{summary.stem}.html"))
     print(check_text(summary))  # first, before any speed figure
     print(conditions_text(summary))
     print(format_table(summary))
-    print(f"results {Path(cfg.out_dir) / 'requests.jsonl'}; summary {json_path}, {csv_path}; report {html_path}")
+    print(f"results {Path(a.out) / 'requests.jsonl'}; summary {json_path}, {csv_path}; report {html_path}")
     return 0
 
 

@@ -122,6 +122,11 @@ def test_report_planner_and_step_costs(planner_run, capsys):
     out = capsys.readouterr().out
     assert "ms/forward" in out and "ngram:auto steps by draft tokens proposed" in out
     assert any(line.startswith("even") and "ngram:2" in line for line in out.splitlines())
+    report.main([str(planner_run), "--decode"])
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in capsys.readouterr().out.splitlines()[2:]}
+    assert set(rows) == {"ngram:auto", "ngram:2", "ngram:4"}
+    n = len(TEXTS)
+    assert all(r[1] == f"{n} of {n}" and 0.0 < float(r[3]) < 1.0 and float(r[4]) > 0 for r in rows.values())
 
 
 def test_trace_agreement_and_replay(planner_run, profiles, tmp_path, capsys):
