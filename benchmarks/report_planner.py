@@ -172,8 +172,8 @@ def step_costs(run: str, drafter: str) -> None:
 
 
 def decode_only(run: str) -> None:
-    """Speedups over plain on the (prompt, repeat) pairs whose outputs equal plain's (the interval
-    resamples those pairs)."""
+    """Speedups over plain on the (prompt, repeat) pairs whose outputs equal plain's, summed per
+    prompt (the interval resamples prompts, as the bench summary's does)."""
     by = defaultdict(dict)  # (prompt, repeat) -> config -> request
     for r in _requests(run):
         if r["concurrency"] == 1:
@@ -185,11 +185,18 @@ def decode_only(run: str) -> None:
         if not same:
             print(f"| {c} | 0 of {len(by)} | | | | |")
             continue
-        e2e = bootstrap_ratio([v["plain"]["e2e_s"] for v in same], [v["plain"]["emitted_tokens"] for v in same],
-                              [v[c]["e2e_s"] for v in same], [v[c]["emitted_tokens"] for v in same])[0]
-        dec = bootstrap_ratio([v["plain"]["e2e_s"] - v["plain"]["ttft_s"] for v in same],
-                              [v["plain"]["emitted_tokens"] - 1 for v in same],
-                              [v[c]["e2e_s"] - v[c]["ttft_s"] for v in same], [v[c]["emitted_tokens"] - 1 for v in same])
+        def sums(k: str, f) -> list[float]:  # [P]: f of config k's requests, summed per prompt
+            out = defaultdict(float)
+            for v in same:
+                out[v["plain"]["prompt_id"]] += f(v[k])
+            return list(out.values())
+
+        def wall(r): return r["e2e_s"]
+        def tokens(r): return r["emitted_tokens"]
+        def after(r): return r["e2e_s"] - r["ttft_s"]  # decoding after the first token
+        def later(r): return r["emitted_tokens"] - 1
+        e2e = bootstrap_ratio(sums("plain", wall), sums("plain", tokens), sums(c, wall), sums(c, tokens))[0]
+        dec = bootstrap_ratio(sums("plain", after), sums("plain", later), sums(c, after), sums(c, later))
         share = sum(v["plain"]["ttft_s"] for v in same) / sum(v["plain"]["e2e_s"] for v in same)
         ci = f"{dec[0]:.2f}" if dec[1] is None else f"{dec[0]:.2f} [{dec[1]:.2f}, {dec[2]:.2f}]"
         print(f"| {c} | {len(same)} of {len(by)} | {sum(v[c]['emitted_tokens'] for v in same) / len(same):.1f} "
