@@ -171,6 +171,30 @@ def step_costs(run: str, drafter: str) -> None:
         print(f"{c:14} " + "  ".join(f"{k}: {len(v)} x {statistics.median(v):.0f}" for k, v in sorted(ms.items())))
 
 
+def _per_prompt(pairs: list[dict], config: str, f) -> list[float]:
+    """[P]: f of `config`'s request in each (prompt, repeat) pair, summed per prompt."""
+    out = defaultdict(float)
+    for v in pairs:
+        out[v["plain"]["prompt_id"]] += f(v[config])
+    return list(out.values())
+
+
+def _wall(r: dict) -> float:
+    return r["e2e_s"]
+
+
+def _tokens(r: dict) -> int:
+    return r["emitted_tokens"]
+
+
+def _after_first(r: dict) -> float:  # decoding after the first token (the prefill's)
+    return r["e2e_s"] - r["ttft_s"]
+
+
+def _later(r: dict) -> int:
+    return r["emitted_tokens"] - 1
+
+
 def decode_only(run: str) -> None:
     """Speedups over plain on the (prompt, repeat) pairs whose outputs equal plain's, summed per
     prompt (the interval resamples prompts, as the bench summary's does)."""
@@ -185,18 +209,8 @@ def decode_only(run: str) -> None:
         if not same:
             print(f"| {c} | 0 of {len(by)} | | | | |")
             continue
-        def sums(k: str, f) -> list[float]:  # [P]: f of config k's requests, summed per prompt
-            out = defaultdict(float)
-            for v in same:
-                out[v["plain"]["prompt_id"]] += f(v[k])
-            return list(out.values())
-
-        def wall(r): return r["e2e_s"]
-        def tokens(r): return r["emitted_tokens"]
-        def after(r): return r["e2e_s"] - r["ttft_s"]  # decoding after the first token
-        def later(r): return r["emitted_tokens"] - 1
-        e2e = bootstrap_ratio(sums("plain", wall), sums("plain", tokens), sums(c, wall), sums(c, tokens))[0]
-        dec = bootstrap_ratio(sums("plain", after), sums("plain", later), sums(c, after), sums(c, later))
+        e2e, _, _ = bootstrap_ratio(*(_per_prompt(same, k, f) for k in ("plain", c) for f in (_wall, _tokens)))
+        dec = bootstrap_ratio(*(_per_prompt(same, k, f) for k in ("plain", c) for f in (_after_first, _later)))
         share = sum(v["plain"]["ttft_s"] for v in same) / sum(v["plain"]["e2e_s"] for v in same)
         ci = f"{dec[0]:.2f}" if dec[1] is None else f"{dec[0]:.2f} [{dec[1]:.2f}, {dec[2]:.2f}]"
         print(f"| {c} | {len(same)} of {len(by)} | {sum(v[c]['emitted_tokens'] for v in same) / len(same):.1f} "

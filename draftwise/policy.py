@@ -30,7 +30,7 @@ import torch
 from draftwise.drafters.base import Drafter, Proposal, StopRule
 from draftwise.planner import Batch, CostCurve, Plan, Planner, RequestPlan, planner_defaults
 from draftwise.request import PlanStep
-from draftwise.sampling import SamplingParams, argmax, target_top, warp
+from draftwise.sampling import SamplingParams, target_top, warp
 from draftwise.verify import VerifyResult
 
 
@@ -203,15 +203,11 @@ class PlannedDraftLength:
                             path=(res.path if res.path is not None else list(range(res.num_accepted))) if tree else None,
                             parents=prop.parents if tree else None)  # a tree drafter's chain: its first nodes
         if o.shadow is not None:  # P(accept) of the unverified token: p(x) at the plain step's position
-            if o.params.greedy:
-                p = float(int(argmax(o.logits[0])) == o.shadow)
-            else:
-                p = float(warp(o.logits[:1], o.params)[0, o.shadow])
-            self.planner.shadow(req, p)
+            # greedy: the round's first token is the target's argmax there (verify computed it)
+            top, probs = (res.tokens[0], None) if o.params.greedy else (None, warp(o.logits[:1], o.params)[0])
+            self.planner.shadow(req, float(o.shadow == top) if probs is None else float(probs[o.shadow]))
             tree = o.unverified if o.unverified is not None and o.unverified.parents is not None else None
             if tree is not None and tree.confidence:  # a tree's first-level nodes, scored like the shadow
-                probs = warp(o.logits[:1], o.params)[0] if not o.params.greedy else None
-                top = int(argmax(o.logits[0]))
                 first = [i for i, q in enumerate(tree.parents) if q == -1]
                 steps = tree_steps(tree)
                 self.planner.tree_calib[0].observe_nodes(
