@@ -1,13 +1,18 @@
-"""Replay the planner of a draft model or, without its profile, of the n-gram drafter
-(draftwise.replay) on a run's teacher-forced traces
-(benchmarks/trace_agreement.py), in the run's order, one planner for all requests as in the
-bench; prints per category the speedup over plain decoding of auto and fixed D = 2, 4, 8 under the
-cost curves given, how many requests speculated and how many rounds caught up on more than the
-two tokens a fully accepted round leaves (after plain steps: the prompt or the skipped tokens).
+"""Replay the planner of a draft model or, without its profile, of a drafter with no model
+(n-gram, suffix: `--drafter`; draftwise.replay) on a run's teacher-forced traces
+(benchmarks/trace_agreement.py) or, for a drafter with no model, on a bench run's plain outputs
+(a run directory: no model is loaded, its prompts are rebuilt and tokenized), in the run's order
+(a suffix drafter keeping its global trie across requests), one planner for all requests as in
+the bench; prints per category (and per pass of a run asked twice) the speedup over plain
+decoding of auto and fixed D = 2, 4, 8 under the cost curves given, how many requests speculated
+and how many rounds caught up on more than the two tokens a fully accepted round leaves (after
+plain steps: the prompt or the skipped tokens).
 
     .venv/bin/python benchmarks/replay_planner.py docs/data/traces_prose16.jsonl \
         docs/data/profile_qwen2.5-coder-1.5b_torch_hybrid_method2_xeon.json \
         docs/data/profile_qwen2.5-coder-0.5b_torch_method2_xeon.json
+    .venv/bin/python benchmarks/replay_planner.py results/suffix_editeval_llama \
+        docs/data/profile_qwen2.5-coder-1.5b_llama_repacked_k33_epyc.json --drafter suffix
 
 `--margin M` replaces the planner's margin (default: draftwise.planner.planner_defaults for the
 curves);
@@ -23,9 +28,15 @@ import argparse
 import json
 from collections import defaultdict
 
+import os
+
+from draftwise.drafters.ngram import NgramDrafter
+from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.planner import CostCurve, Planner, planner_defaults
 from draftwise.profile import ProfileResult
-from draftwise.replay import replay, replay_ngram
+from draftwise.replay import replay, replay_cheap
+
+CHEAP = {"ngram": NgramDrafter, "suffix": SuffixDrafter}
 
 
 def curve(path: str) -> CostCurve:
@@ -36,19 +47,57 @@ def _counts(c: dict, keys: str) -> str:
     return " ".join(f"{k} {c.get(k, 0)}" for k in keys.split())
 
 
+def run_traces(run: str, tok=None) -> list[dict]:
+    """A bench run's plain requests in run order as traces for a drafter with no model: prompt ids
+    (the prompts rebuilt from the run's plan, tokenized by `tok`, by default the target's) and
+    output."""
+    from draftwise.bench.config import BenchConfig, load_prompts
+    from draftwise.models.load import load_tokenizer
+    from draftwise.models.registry import resolve
+
+    rows = [json.loads(x) for x in open(f"{run}/requests.jsonl")]
+    meta = next(r for r in rows if r.get("kind") == "meta")["conditions"]
+    plan = next(r for r in rows if r.get("kind") == "session")["plan"]
+    cfg = BenchConfig(workload=plan["workload"], n_per_category=plan["n_per_category"], seed=plan["seed"])
+    prompts, tok = {p.id: p for p in load_prompts(cfg)}, tok or load_tokenizer(resolve(meta["target"]))
+    out = []
+    for r in sorted((r for r in rows if r.get("kind") == "request" and r["config"] == "plain"),
+                    key=lambda r: (r["repeat"], r["order"])):
+        ids = prompts[r["prompt_id"]].token_ids(tok)
+        cat = r["category"] + (f" (pass {r['repeat'] + 1})" if plan.get("repeats", 1) > 1 else "")
+        out.append({"prompt_id": r["prompt_id"], "category": cat, "prompt_tokens": len(ids), "prompt_ids": ids,
+                    "tokens": r["token_ids"]})
+    return out
+
+
 def replay_run(traces: str, target_profile: str, draft_profile: str | None = None, per_request: bool = False,
-               **kw) -> dict:
-    """Without a draft model's profile, the n-gram drafter (prompt lookup, n = 2..4)."""
-    trs = sorted((json.loads(x) for x in open(traces)), key=lambda r: r["order"])
+               drafter: str = "ngram", tok=None, **kw) -> dict:
+    """Without a draft model's profile, `drafter` (n-gram: prompt lookup, n = 2..4; suffix), one
+    instance per configuration (auto, D = 2, 4, 8) for the whole run."""
+    if os.path.isdir(traces):
+        trs = run_traces(traces, tok)
+    else:
+        trs = sorted((json.loads(x) for x in open(traces)), key=lambda r: r["order"])
     vt, dt = curve(target_profile), (curve(draft_profile) if draft_profile else None)
-    name = "model" if dt else "ngram"
-    run = replay if dt else replay_ngram
-    planner = Planner(vt, dt, max_draft=16, online=False, **{**planner_defaults(name, vt, dt, 16), **kw})
+    name = "model" if dt else drafter
+    max_draft = 16 if dt else 32
+    planner = Planner(vt, dt, max_draft=max_draft, online=False, **{**planner_defaults(name, vt, dt, max_draft), **kw})
+    cols: tuple = (2, 4, 8) if dt else (2, 4, 8, "oracle")
+    if dt:
+        def run(tr, pl, fixed=0, i=0):
+            return replay(tr, pl, fixed)
+    else:
+        drafters = {D: CHEAP[drafter]() for D in (0, 2, 4, 8, "oracle")}
+
+        def run(tr, pl, fixed=0, i=0):
+            if fixed == "oracle":
+                return replay_cheap(tr, pl, drafters[fixed], key=i, oracle=True)
+            return replay_cheap(tr, pl, drafters[fixed], fixed, key=i)
     cats: dict[str, list] = defaultdict(list)
-    for tr in trs:
+    for i, tr in enumerate(trs):
         plain = vt.raw(tr["prompt_tokens"]) + (len(tr["tokens"]) - 1) * vt.raw(1)
-        auto, c = run(tr, planner)
-        runs = {D: run(tr, planner, D) for D in (2, 4, 8)}
+        auto, c = run(tr, planner, 0, i)
+        runs = {D: run(tr, planner, D, i) for D in cols}
         fixed = {D: r[0] for D, r in runs.items()}
         cats[tr["category"]].append((plain, auto, fixed, c))
         if per_request:
@@ -56,13 +105,15 @@ def replay_run(traces: str, target_profile: str, draft_profile: str | None = Non
                   f"auto: {_counts(c, 'rounds plain proposed accepted catch_up')}  "
                   f"D=2: {_counts(runs[2][1], 'rounds proposed accepted')}")
     res = {}
-    print(f"{'category':14} {'auto':>6} {'D=2':>6} {'D=4':>6} {'D=8':>6}  spec'd  catch-ups")
+    print(f"{'category':14} {'auto':>6} {'D=2':>6} {'D=4':>6} {'D=8':>6}" + ("  oracle" if not dt else "")
+          + "  spec'd  catch-ups")
     for cat, rows in cats.items():
         P = sum(r[0] for r in rows)
-        sp = {"auto": P / sum(r[1] for r in rows)} | {D: P / sum(r[2][D] for r in rows) for D in (2, 4, 8)}
+        sp = {"auto": P / sum(r[1] for r in rows)} | {D: P / sum(r[2][D] for r in rows) for D in cols}
         spec = sum(r[3].get("rounds", 0) > 0 for r in rows)
         cu = sum(r[3].get("catch_up", 0) for r in rows)
-        print(f"{cat:14} {sp['auto']:6.3f} {sp[2]:6.3f} {sp[4]:6.3f} {sp[8]:6.3f}  {spec:2}/{len(rows):<3}  {cu}")
+        best = f"  {sp['oracle']:6.3f}" if "oracle" in sp else ""
+        print(f"{cat:14} {sp['auto']:6.3f} {sp[2]:6.3f} {sp[4]:6.3f} {sp[8]:6.3f}{best}  {spec:2}/{len(rows):<3}  {cu}")
         res[cat] = sp
     return res
 
@@ -75,7 +126,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[list[str], dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("traces")
     ap.add_argument("target_profile")
-    ap.add_argument("draft_profile", nargs="?", help="without it, the n-gram drafter is replayed")
+    ap.add_argument("draft_profile", nargs="?", help="without it, --drafter is replayed")
+    ap.add_argument("--drafter", choices=sorted(CHEAP), default="ngram", help="without a draft profile")
     ap.add_argument("--margin", type=_number)
     ap.add_argument("--keep-margin", type=_number)
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
@@ -88,6 +140,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[list[str], dict]:
         kw[name] = _number(value)
     if a.per_request:
         kw["per_request"] = True
+    if a.drafter != "ngram":
+        kw["drafter"] = a.drafter
     return [a.traces, a.target_profile] + ([a.draft_profile] if a.draft_profile else []), kw
 
 

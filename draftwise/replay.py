@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import numpy as np
-
-from draftwise.drafters.ngram import ngram_propose
 from draftwise.planner import Planner
+from draftwise.sampling import SamplingParams
+
+GREEDY = SamplingParams()
 
 
 def replay(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128) -> tuple[float, dict]:
@@ -67,33 +67,42 @@ def replay(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128) ->
     return secs, dict(c)
 
 
-def replay_ngram(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128,
-                 min_n: int = 2, max_n: int = 4) -> tuple[float, dict]:
-    """replay() for the n-gram drafter (needs the trace's prompt_ids): its proposal is a function
-    of the context alone, so each step proposes as the engine does (up to max_draft, the planner
-    then choosing how many to verify; its unverified first token a shadow at a plain step)."""
+def replay_cheap(tr: dict, planner: Planner, drafter, fixed: int = 0, max_tokens: int = 128,
+                 key: int = 0, oracle: bool = False) -> tuple[float, dict]:
+    """replay() for a drafter with no model (n-gram, suffix; needs the trace's prompt_ids): its
+    proposal is a function of the context (and, for suffix, of the requests released before), so
+    each step proposes as the engine does (up to max_draft, the planner then choosing how many to
+    verify; its unverified first token a shadow at a plain step). The request is released at the
+    end under `key`, so a suffix drafter's global trie carries it to the next trace. `oracle`: each
+    round verifies exactly the proposed tokens the target accepts (none: a plain step), the most
+    any sizing of these proposals could gain."""
     out, n, L0 = tr["tokens"], len(tr["tokens"]), tr["prompt_tokens"]
-    ctx = np.asarray(tr["prompt_ids"] + out, dtype=np.int64)  # [L0 + n]
+    ctx = tr["prompt_ids"] + out
     secs, t, c = planner.verify.raw(L0), 1, defaultdict(int)
-    req = planner.new_request(max_tokens) if not fixed else None
+    req = planner.new_request(max_tokens) if not fixed and not oracle else None
     while t < n:
         room = n - t - 1
         want = min(fixed, room) if fixed else min(planner.max_draft, room)
-        cand = ngram_propose(ctx[:L0 + t], min_n, max_n, want).tolist()
-        plan = planner.plan(req, available=len(cand)) if req is not None else None
-        toks = cand[:plan.d] if plan is not None else cand
+        prop = drafter.propose(key, ctx[:L0 + t], want, GREEDY, None)
+        plan = planner.plan(req, available=len(prop.tokens)) if req is not None and not oracle else None
+        toks = prop.tokens[:plan.d] if plan is not None else prop.tokens
+        if oracle:
+            toks = toks[:_accepted(toks, out, t)]
         a = _accepted(toks, out, t)
         emitted = min(a + 1, n - t)
         round_s = planner.draft_call_s + planner.verify.raw(len(toks) + 1)  # it proposes every step
         if req is not None:
-            planner.commit(req, plan, len(toks), a, emitted, round_s=round_s)
-            if cand and not toks:  # the unverified first token against the plain step's token
-                planner.shadow(req, float(cand[0] == out[t]))
+            conf = prop.confidence[:len(toks)] if prop.confidence and toks else None
+            planner.commit(req, plan, len(toks), a, emitted, conf, round_s=round_s)
+            if prop.tokens and not toks:  # the unverified first token against the plain step's token
+                planner.shadow(req, float(prop.tokens[0] == out[t]))
         secs += round_s
         c["rounds" if toks else "plain"] += 1
         c["proposed"] += len(toks)
         c["accepted"] += a
         t += emitted
+    drafter.propose(key, ctx, 0, GREEDY, None)  # the whole output, then released as the engine does
+    drafter.release(key)
     if req is not None:
         planner.finish(req)
     return secs, dict(c)

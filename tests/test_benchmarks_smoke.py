@@ -142,7 +142,12 @@ def test_trace_agreement_and_replay(planner_run, profiles, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "p0" in out and "catch-ups" in out
     res = replay.main([str(traces), profiles[0], "--margin", "0.05"])  # the n-gram drafter
-    assert set(res["odd"]) == {"auto", 2, 4, 8}
+    assert set(res["odd"]) == {"auto", 2, 4, 8, "oracle"}
+    # a drafter with no model on the run's own plain outputs: no traces, the prompts rebuilt
+    trs = replay.run_traces(str(planner_run), CharTokenizer())
+    assert [t["tokens"] for t in trs] == [t["tokens"] for t in rows] and all(t["prompt_ids"] for t in trs)
+    res = replay.replay_run(str(planner_run), profiles[0], drafter="suffix", tok=CharTokenizer())
+    assert set(res) == {"even", "odd"} and all(r["oracle"] > 0 and r["auto"] > 0 for r in res.values())
 
 
 def test_gpu_check_on_the_cpu(tmp_path):

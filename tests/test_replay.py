@@ -3,7 +3,9 @@ import pytest
 
 from draftwise.planner import PRIORS, planner_defaults
 from draftwise.planner import CostCurve, Planner
-from draftwise.replay import replay, replay_ngram
+from draftwise.drafters.ngram import NgramDrafter
+from draftwise.drafters.suffix import SuffixDrafter
+from draftwise.replay import replay, replay_cheap
 
 # llama.cpp-like curves (ms, k = 1..17): a 0.5B draft step costs ~0.45 of a 1.5B target step
 VERIFY = [94, 127, 161, 196, 224, 252, 275, 287, 288, 291, 292, 288, 296, 300, 303, 308, 397]
@@ -57,11 +59,33 @@ def test_auto_drafts_where_the_draft_agrees_and_stays_plain_where_it_never_does(
 def test_ngram_replay_proposes_from_the_context_by_hand():
     pl = Planner(CostCurve({1: VERIFY}), None, prior=PRIORS["ngram"], online=False)
     tr = {"prompt_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2], "prompt_tokens": 11, "tokens": [3, 4, 5, 6, 7, 0, 0, 0]}
-    secs, c = replay_ngram(tr, pl, fixed=4)
+    secs, c = replay_cheap(tr, pl, NgramDrafter(), fixed=4)
     # t=1: context ...1 2 3 -> "2 3" occurred before, proposes 4 5 6 7, all accepted, bonus 0 -> t=6;
     # t=6: "7 0" never occurred: plain; t=7: no room left: plain
     assert (c["rounds"], c["proposed"], c["accepted"], c["plain"]) == (1, 4, 4, 2)
     v = pl.verify.raw
     assert secs == pytest.approx(v(11) + v(5) + 2 * v(1) + 3 * pl.draft_call_s)
-    auto_s, auto_c = replay_ngram(tr, pl)
+    auto_s, auto_c = replay_cheap(tr, pl, NgramDrafter())
     assert auto_c["accepted"] >= 3 and auto_s < v(11) + 7 * v(1)  # auto drafts (its own D) and gains
+
+
+def test_oracle_verifies_exactly_the_accepted_tokens_by_hand():
+    pl = Planner(CostCurve({1: VERIFY}), None, prior=PRIORS["ngram"][:8], max_draft=8, online=False)
+    tr = {"prompt_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2], "prompt_tokens": 11, "tokens": [3, 4, 5, 9, 0, 0, 0, 0]}
+    secs, c = replay_cheap(tr, pl, NgramDrafter(), oracle=True)
+    # t=1: "2 3" -> proposes 4 5 6 7 8 9 (up to room 6); 4 5 accepted, so 2 verified, bonus 9 -> t=4;
+    # t=4: "9 0" never occurred: plain steps to the end (t=4..7)
+    assert (c["rounds"], c["proposed"], c["accepted"], c["plain"]) == (1, 2, 2, 4)
+    v = pl.verify.raw
+    assert secs == pytest.approx(v(11) + v(3) + 4 * v(1) + 5 * pl.draft_call_s)
+
+
+def test_suffix_replay_carries_the_global_trie_to_the_next_request():
+    pl = Planner(CostCurve({1: VERIFY}), None, prior=PRIORS["suffix"][:8], max_draft=8, online=False)
+    tr = {"prompt_ids": [50, 51, 52, 53], "prompt_tokens": 4, "tokens": [60, 61, 62, 63, 64, 65, 66, 67]}
+    d = SuffixDrafter()
+    _, first = replay_cheap(tr, pl, d, fixed=4, key=0)
+    assert first["accepted"] == 0 and d.memory_nodes() > 0  # nothing to copy; released into the trie
+    secs, again = replay_cheap(tr, pl, d, fixed=4, key=1)  # asked again: its own output drafted
+    # t=1: "... 53 60" found in the trie -> 61 62 63 64 all accepted, bonus 65 -> t=6; then room 1
+    assert again["accepted"] >= 5 and again["rounds"] >= 1
