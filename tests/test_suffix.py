@@ -177,3 +177,26 @@ def test_the_same_prompt_asked_again_drafts_from_its_first_token():
     d.release(1)
     assert propose(d, 2, prompt + [20], 3)[0] == [21, 22, 23]  # after its first token: the rest
     assert propose(d, 3, [7, 2, 3], 2) == ([], None)  # only the prompt's last 3 tokens are kept: [3 4 5]
+
+
+def test_an_answers_first_draft_comes_from_the_trie_followed_further_at_the_last_opening():
+    # prompts: a code block (marker 5, the code), then the same instruction / template tail 90 91 92 5;
+    # every answer opens with 8 and then copies its prompt's code, or (asked again) repeats itself
+    d = SuffixDrafter(depth=16, max_match=8)
+    tail = [90, 91, 92, 5]
+
+    def ask(key, code, answer, want):
+        prompt = [5, 8] + code + tail
+        assert propose(d, key, prompt + answer[:1], 4)[0] == want  # the opening draft
+        propose(d, key, prompt + answer, 0)  # the target's tokens judge it
+        d.release(key)
+
+    ask(1, [10, 11, 12], [8, 10, 11, 12, 99], [10, 11, 12, 90])  # only its own prompt matches
+    # the global trie matches "90 91 92 5 8" (5 tokens) where its own prompt matches "5 8" (2): the
+    # longer match, an earlier answer, drafts first, and the target follows its own prompt instead
+    ask(2, [20, 21, 22], [8, 20, 21, 22, 99], [10, 11, 12, 99])
+    ask(3, [30, 31, 32], [8, 30, 31, 32, 99], [30, 31, 32, 90])  # now its own prompt first
+    # the same prompts again, the same answers: its own prompt first, but the earlier answer (99 where
+    # the prompt goes on with 90) is followed further, so the next opening drafts the earlier answer
+    ask(4, [20, 21, 22], [8, 20, 21, 22, 99], [20, 21, 22, 90])
+    ask(5, [30, 31, 32], [8, 30, 31, 32, 99], [30, 31, 32, 99])

@@ -7,10 +7,19 @@ looked up in both tries, the longest match with a continuation winning (then the
 then the trie the request's last draft came from if the target's tokens since followed it, else
 the other, the global one first: a prompt and an earlier output can share a passage and part ways
 after it; an earlier output is what the target itself wrote after it, and after that the copy the
-target is following is the one that was right last); from the node reached, the draft follows
+target is following is the one that was right last). From the node reached, the draft follows
 the most frequent child at each step, each token scored by its frequency among its siblings
 times its parent's score (an estimate of the chance the whole prefix so far is right), and stops
 where the score falls below `min_score`.
+
+A request's first chain (its opening) is chosen differently. Its context ends in the prompt's
+last tokens, which the global trie holds for earlier prompts too (prompts sharing a template and
+an instruction match there for 9-11 tokens whatever their answers were), so the length of that
+match says how alike the prompts end, not whether the answers will be. There each trie drafts on
+its own, and the chain of the trie whose opening chain the target followed further in the last
+request where the two differed (`opening`; the global one until then) is proposed, the other's if
+it has none: over different edits it learns to copy the request's own prompt, and when the same
+prompts come again, the earlier answers.
 The tries hold substrings of up to `depth` tokens, so a walk from an m-token match ends after
 depth - m tokens; there the draft re-anchors on its own last max_match tokens (context + draft) and
 walks on, its scores carrying on, so a long copied passage (an agent asking again) drafts as far
@@ -166,6 +175,7 @@ class _Request:
     last: list[int] = field(default_factory=list)  # the last chain proposed
     source: int = 1  # the trie it came from: 0 the request's, 1 the global one
     prefer: int = 1  # the trie that wins a tie: `source` if the target followed `last`, else the other
+    openers: list[list[int]] | None = None  # the first chain of each trie (request's, global), until judged
 
 
 class SuffixDrafter:
@@ -188,17 +198,25 @@ class SuffixDrafter:
         self._outputs: OrderedDict[int, list[int]] = OrderedDict()  # what the global trie holds, oldest first
         self._reqs: dict[int, _Request] = {}
         self.private: set[int] = set()  # request keys that neither read nor feed the global trie
+        self.opening = 1  # the trie the target followed further at the last judged opening: 0 the request's, 1 global
 
     def propose(self, seq_key: int, context: list[int], num_tokens: int, params: SamplingParams,
                 generator: torch.Generator | None, stop: StopRule | None = None) -> Proposal:
         r = self._reqs.get(seq_key)
         if r is None or context[: len(r.seen)] != r.seen:  # new, or another sequence under this key
-            r = self._reqs[seq_key] = _Request(SuffixTrie(self.depth), len(context) - 1)
+            r = self._reqs[seq_key] = _Request(SuffixTrie(self.depth), len(context) - 1, prefer=self.opening)
         new = context[len(r.seen):]
         if r.last and new:  # did the target follow the last draft as far as it went?
             followed = common_prefix(new, r.last) == min(len(new), len(r.last))
             r.prefer = r.source if followed else 1 - r.source
             r.last = []
+        if r.openers and new:  # the opening judged once the target has parted from either first chain
+            out = context[r.prompt_len + 1:]
+            own, glob = (common_prefix(out, o) for o in r.openers)
+            if own != glob:  # the shorter one ended or missed: the other was followed further
+                self.opening, r.openers = int(glob > own), None
+            elif all(own == len(o) for o in r.openers) or own < len(out):  # both ended, or missed at once
+                r.openers = None
         for t in new:
             r.active = r.trie.extend(r.active, t)
         r.seen += new
@@ -207,6 +225,13 @@ class SuffixDrafter:
         tries = [r.trie] + ([self.global_trie] if self.share and seq_key not in self.private else [])
         if len(tries) > 1 and r.prefer == 1:
             tries.reverse()  # the first trie wins a tie (_match)
+        if not self.tree and len(tries) > 1 and not r.seen[r.prompt_len + 1:]:  # the request's opening
+            chains = [self._chain([t], context, num_tokens, 1.0)[:2] for t in (r.trie, self.global_trie)]
+            r.openers = [c[0] for c in chains] if chains[0][0] and chains[1][0] else None
+            r.source = self.opening if chains[self.opening][0] else 1 - self.opening
+            tokens, scores = chains[r.source]
+            r.last = tokens
+            return Proposal(tokens, confidence=scores or None)
         if not self.tree:
             tokens, scores, first = self._chain(tries, context, num_tokens, 1.0)
             r.last, r.source = tokens, int(first is self.global_trie)
