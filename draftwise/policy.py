@@ -30,7 +30,7 @@ import torch
 from draftwise.drafters.base import Drafter, Proposal, StopRule
 from draftwise.planner import Batch, CostCurve, Plan, Planner, RequestPlan, planner_defaults
 from draftwise.request import PlanStep
-from draftwise.sampling import SamplingParams, target_top, warp
+from draftwise.sampling import SamplingParams, target_top
 from draftwise.verify import VerifyResult
 
 
@@ -52,6 +52,7 @@ class RoundOutcome:
     shadow: int | None  # a cheap drafter's unverified first token (D = 0 chosen over it)
     round_s: float  # measured seconds of the step up to this request's verification
     unverified: Proposal | None = None  # the whole candidate the shadow heads
+    first_probs: torch.Tensor | None = None  # [V] at temperature > 0: row 0 as verification warped it
 
 
 @dataclass(slots=True)
@@ -204,7 +205,7 @@ class PlannedDraftLength:
                             parents=prop.parents if tree else None)  # a tree drafter's chain: its first nodes
         if o.shadow is not None:  # P(accept) of the unverified token: p(x) at the plain step's position
             # greedy: the round's first token is the target's argmax there (verify computed it)
-            top, probs = (res.tokens[0], None) if o.params.greedy else (None, warp(o.logits[:1], o.params)[0])
+            top, probs = (res.tokens[0], None) if o.params.greedy else (None, o.first_probs)
             self.planner.shadow(req, float(o.shadow == top) if probs is None else float(probs[o.shadow]))
             tree = o.unverified if o.unverified is not None and o.unverified.parents is not None else None
             if tree is not None and tree.confidence:  # a tree's first-level nodes, scored like the shadow
@@ -341,7 +342,7 @@ class DrafterChoice:
             if o.params.greedy:  # the round's tokens are the target's argmax: they verify it as far as they go
                 planner.counterfactual(req, other.tokens, res.tokens, other.confidence)
             else:  # P(accept) of its first token at the round's first position
-                planner.shadow(req, float(warp(o.logits[:1], o.params)[0, other.tokens[0]]))
+                planner.shadow(req, float(o.first_probs[other.tokens[0]]))
         chosen = self.planners[c.chosen] if c.chosen is not None else None
         st.plans.append(PlanStep(c.plan.d if chosen else 0, len(prop.tokens), c.plan.behind if dear else 0,
                                  round(1e3 * (c.plan.seconds or 1.0 / c.plan.plain_rate), 1),

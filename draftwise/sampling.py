@@ -49,14 +49,40 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         x = x.masked_fill(x < kth, float("-inf"))
     probs = torch.softmax(x, dim=-1)
     if params.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
-        drop = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p
-        drop[..., 0] = False  # also when top_p rounds to 0 in float32 (a denormal top_p)
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-        probs = probs / probs.sum(-1, keepdim=True)
+        probs = top_p_filter(probs, params.top_p)
     return probs
+
+
+# Candidates per row for top-p: at temperature 0.7 the nucleus of top-p 0.9 / 0.95 held at most
+# 141 / 313 tokens over 742 positions of Qwen2.5-Coder-1.5B's logits (EditEval, writing, QA
+# prompts); at temperature 1.0, 6-10% of rows held more and are sorted in full.
+TOP_P_CANDIDATES = 1024
+
+
+def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """[N, V] probabilities -> the same with each row kept to the smallest prefix of its tokens in
+    descending order whose mass reaches top_p (the first always), renormalised.
+
+    The prefix is found among each row's TOP_P_CANDIDATES most probable tokens (torch.topk: 0.9 ms
+    a row of a 152k vocabulary on 2 CPU cores, where sorting it takes 13 ms); a row whose
+    candidates carry less than top_p is sorted in full. The kept set is the full sort's: a token
+    past the candidates follows a prefix whose mass already reaches top_p, and the cumulative sums
+    of the two orders agree on the candidates (up to the order of exactly equal probabilities)."""
+    k = min(TOP_P_CANDIDATES, probs.shape[-1])
+    vals, order = torch.topk(probs, k, dim=-1)  # [N, k] descending
+    out = _keep_prefix(vals, order, top_p, probs)
+    full = vals.cumsum(-1)[:, -1] < top_p  # [N] rows whose candidates carry less than top_p
+    if bool(full.any()):
+        rows = probs[full]
+        out[full] = _keep_prefix(*torch.sort(rows, dim=-1, descending=True), top_p, rows)
+    return out / out.sum(-1, keepdim=True)
+
+
+def _keep_prefix(vals: torch.Tensor, order: torch.Tensor, top_p: float, like: torch.Tensor) -> torch.Tensor:
+    """Descending (vals, order) [N, k] -> [N, V] zeros but the smallest prefix reaching top_p."""
+    drop = (vals.cumsum(-1) - vals) >= top_p
+    drop[..., 0] = False  # also when top_p rounds to 0 in float32 (a denormal top_p)
+    return torch.zeros_like(like).scatter_(-1, order, vals.masked_fill(drop, 0.0))
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:

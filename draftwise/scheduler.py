@@ -417,7 +417,7 @@ class Scheduler:
         """Verify and commit one request's round; returns the seconds of its work per emitted token."""
         t_req = time.perf_counter()
         rows = rows[: len(prop.tokens) + 1]  # [d+1, V]
-        res = self._verify(rows, prop, st.req.params, st.gen)
+        res, warped = self._verify(rows, prop, st.req.params, st.gen)
         if res.path is None:
             self.target.truncate(st.seq, len(st.ctx) + res.num_accepted)  # drop the rejected draft's KV
         else:  # keep the accepted path's KV (node i sits after the last committed token, at len(ctx) + i)
@@ -435,7 +435,8 @@ class Scheduler:
             st.stats.plain_steps += 1
         st.ctx += res.tokens
         self.policy.learn(st, RoundOutcome(prop, res, rows, st.req.params, shadow and shadow.tokens[0],
-                                           time.perf_counter() - t_step, shadow))
+                                           time.perf_counter() - t_step, shadow,
+                                           None if warped is None else warped[0]))
         # row i of the verification scored emitted token i (accepted, then recovered or bonus)
         t_tok = time.perf_counter()  # work per emitted token (logprobs, text, delivery)
         self._commit(st, res.tokens, bool(prop.tokens), _logprobs(st.req, rows[: len(res.tokens)], res.tokens))
@@ -614,17 +615,17 @@ class Scheduler:
             self.observer.fault("draft")
         return [self._try(st, lambda it=it: propose_many([it])[0]) for (st, _), it in zip(todo, items)]
 
-    def _verify(self, logits: torch.Tensor, prop: Proposal, params: SamplingParams, gen) -> VerifyResult:
-        if prop.is_tree:
-            if params.greedy:
-                return greedy_verify_tree(logits, prop.tokens, prop.parents)
-            p = warp(logits, params)  # [d+1, V]
-            return self.tree_sampler(p, prop.draft_probs(p.shape[1]), prop.tokens, prop.parents, gen)
-        draft = torch.tensor(prop.tokens, dtype=torch.long)  # [d]
+    def _verify(self, logits: torch.Tensor, prop: Proposal, params: SamplingParams,
+                gen) -> tuple[VerifyResult, torch.Tensor | None]:
+        """The round's result, and at temperature > 0 the warped rows it was sampled from ([d+1, V])."""
         if params.greedy:
-            return greedy_verify(logits, draft)
+            if prop.is_tree:
+                return greedy_verify_tree(logits, prop.tokens, prop.parents), None
+            return greedy_verify(logits, torch.tensor(prop.tokens, dtype=torch.long)), None
         p = warp(logits, params)  # [d+1, V]
-        return self.sampler(p, prop.draft_probs(p.shape[1]), draft, gen)
+        if prop.is_tree:
+            return self.tree_sampler(p, prop.draft_probs(p.shape[1]), prop.tokens, prop.parents, gen), p
+        return self.sampler(p, prop.draft_probs(p.shape[1]), torch.tensor(prop.tokens, dtype=torch.long), gen), p
 
     def _commit(self, st: RequestState, tokens: list[int], from_round: bool | None,
                 logprobs: list[TokenLogprobs] | None = None) -> None:

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from draftwise.sampling import SamplingParams, argmax, warp
+from draftwise import sampling
+from draftwise.sampling import SamplingParams, argmax, top_p_filter, warp
 
 
 def test_temperature_top_k_top_p_exact():
@@ -64,3 +65,26 @@ def test_argmax_is_torch_argmax_first_of_ties_any_layout():
     for x in (big, big.half(), big.bfloat16(), big[:, ::2]):
         got = argmax(x)
         assert got.dtype == torch.int64 and torch.equal(got, x.argmax(-1))
+
+
+def full_sort_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The reference: sort every row in full and keep the smallest prefix reaching top_p."""
+    vals, order = torch.sort(probs, dim=-1, descending=True)
+    drop = (vals.cumsum(-1) - vals) >= top_p
+    drop[..., 0] = False
+    out = torch.zeros_like(probs).scatter_(-1, order, vals.masked_fill(drop, 0.0))
+    return out / out.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("top_p", [1e-9, 0.3, 0.9, 0.95, 0.999])
+def test_top_p_among_candidates_keeps_what_a_full_sort_keeps(top_p, monkeypatch):
+    g = torch.Generator().manual_seed(1)
+    # peaked rows (the nucleus among the candidates), flat rows (sorted in full), and both in one batch
+    logits = torch.cat([6 * torch.randn(3, 151936, generator=g), 0.1 * torch.randn(2, 151936, generator=g)])
+    probs = torch.softmax(logits, -1)
+    want = full_sort_top_p(probs, top_p)
+    assert torch.equal(top_p_filter(probs, top_p), want)
+    for rows in (probs[3:], probs[:1]):  # alone (a row's sum can round differently in another batch)
+        assert torch.equal(top_p_filter(rows, top_p), full_sort_top_p(rows, top_p))
+    monkeypatch.setattr(sampling, "TOP_P_CANDIDATES", 4)  # few candidates: more rows sorted in full
+    assert torch.equal(top_p_filter(probs, top_p), want)
