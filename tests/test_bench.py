@@ -368,7 +368,7 @@ class SevenDrafter:
 class AcceptAllScheduler(Scheduler):
     def _verify(self, logits, prop, params, gen):
         d = len(prop.tokens)
-        return VerifyResult(prop.tokens + [int(logits[d].argmax())], d, d)
+        return VerifyResult(prop.tokens + [int(logits[d].argmax())], d, d), None
 
 
 class AcceptAll(Engine):
