@@ -51,17 +51,16 @@ def run_traces(run: str, tok=None) -> list[dict]:
     """A bench run's plain requests in run order as traces for a drafter with no model: prompt ids
     (the prompts rebuilt from the run's plan, tokenized by `tok`, by default the target's) and
     output."""
-    from draftwise.bench.config import BenchConfig, load_prompts
+    from draftwise.bench.config import run_prompts
+    from draftwise.bench.results import Results
     from draftwise.models.load import load_tokenizer
     from draftwise.models.registry import resolve
 
-    rows = [json.loads(x) for x in open(f"{run}/requests.jsonl")]
-    meta = next(r for r in rows if r.get("kind") == "meta")["conditions"]
-    plan = next(r for r in rows if r.get("kind") == "session")["plan"]
-    cfg = BenchConfig(workload=plan["workload"], n_per_category=plan["n_per_category"], seed=plan["seed"])
-    prompts, tok = {p.id: p for p in load_prompts(cfg)}, tok or load_tokenizer(resolve(meta["target"]))
+    res = Results.load(run)
+    meta, plan = res.meta["conditions"], res.sessions[0]["plan"]
+    prompts, tok = run_prompts(plan, meta), tok or load_tokenizer(resolve(meta["target"]))
     out = []
-    for r in sorted((r for r in rows if r.get("kind") == "request" and r["config"] == "plain"),
+    for r in sorted((r for r in res.requests.values() if r["config"] == "plain"),
                     key=lambda r: (r["repeat"], r["order"])):
         ids = prompts[r["prompt_id"]].token_ids(tok)
         cat = r["category"] + (f" (pass {r['repeat'] + 1})" if plan.get("repeats", 1) > 1 else "")

@@ -22,17 +22,15 @@ import json
 
 import torch
 
-from draftwise.bench.config import BenchConfig, load_prompts
+from draftwise.bench.config import run_prompts as prompts_of_run
+from draftwise.bench.results import Results
 
 
 def run_prompts(run: str) -> tuple[list[dict], dict]:
     """The run's plain requests in run order, and its prompts by id (rebuilt from its plan)."""
-    rows = [json.loads(x) for x in open(f"{run}/requests.jsonl")]
-    plan = next(r for r in rows if r.get("kind") == "session")["plan"]
-    cfg = BenchConfig(workload=plan["workload"], n_per_category=plan["n_per_category"], seed=plan["seed"])
-    plain = sorted((r for r in rows if r.get("kind") == "request" and r["config"] == "plain"),
-                   key=lambda r: r["order"])
-    return plain, {p.id: p for p in load_prompts(cfg)}
+    res = Results.load(run)
+    plain = sorted((r for r in res.requests.values() if r["config"] == "plain"), key=lambda r: r["order"])
+    return plain, prompts_of_run(res.sessions[0]["plan"], res.meta["conditions"])
 
 
 def trace(request: dict, prompt_ids: list[int], target, draft) -> dict:

@@ -86,9 +86,9 @@ def replay_cheap(tr: dict, planner: Planner, drafter, fixed: int = 0, max_tokens
         prop = drafter.propose(key, ctx[:L0 + t], want, GREEDY, None)
         plan = planner.plan(req, available=len(prop.tokens)) if req is not None and not oracle else None
         toks = prop.tokens[:plan.d] if plan is not None else prop.tokens
-        if oracle:
-            toks = toks[:_accepted(toks, out, t)]
         a = _accepted(toks, out, t)
+        if oracle:
+            toks = toks[:a]
         emitted = min(a + 1, n - t)
         round_s = planner.draft_call_s + planner.verify.raw(len(toks) + 1)  # it proposes every step
         if req is not None:

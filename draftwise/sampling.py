@@ -55,7 +55,8 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 # Candidates per row for top-p: at temperature 0.7 the nucleus of top-p 0.9 / 0.95 held at most
 # 141 / 313 tokens over 742 positions of Qwen2.5-Coder-1.5B's logits (EditEval, writing, QA
-# prompts); at temperature 1.0, 6-10% of rows held more and are sorted in full.
+# prompts); at temperature 1.0, 6-10% of rows held more and are sorted in full (docs/design.md,
+# "The decoding loop", has the command).
 TOP_P_CANDIDATES = 1024
 
 

@@ -170,3 +170,12 @@ def load_prompts(cfg: BenchConfig) -> list[Prompt]:
     if len(set(ids)) != len(ids):
         raise ValueError(f"workload {cfg.workload!r} repeats prompt ids; results are keyed by id")
     return sample(out, cfg.n_per_category, cfg.seed) if cfg.n_per_category else out
+
+
+def run_prompts(plan: dict, conditions: dict) -> dict[str, Prompt]:
+    """The prompts a stored bench run asked, by id, rebuilt from its session's plan (workload, n,
+    seed) and its conditions (both_turns): draftwise.bench.results.Results' sessions[0]["plan"]
+    and meta["conditions"]."""
+    cfg = BenchConfig(workload=plan["workload"], n_per_category=plan["n_per_category"], seed=plan["seed"],
+                      both_turns=bool(conditions.get("both_turns")))
+    return {p.id: p for p in load_prompts(cfg)}

@@ -225,7 +225,7 @@ class SuffixDrafter:
         tries = [r.trie] + ([self.global_trie] if self.share and seq_key not in self.private else [])
         if len(tries) > 1 and r.prefer == 1:
             tries.reverse()  # the first trie wins a tie (_match)
-        if not self.tree and len(tries) > 1 and not r.seen[r.prompt_len + 1:]:  # the request's opening
+        if not self.tree and len(tries) > 1 and len(r.seen) <= r.prompt_len + 1:  # the request's opening
             chains = [self._chain([t], context, num_tokens, 1.0)[:2] for t in (r.trie, self.global_trie)]
             r.openers = [c[0] for c in chains] if chains[0][0] and chains[1][0] else None
             r.source = self.opening if chains[self.opening][0] else 1 - self.opening
