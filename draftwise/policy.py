@@ -256,7 +256,9 @@ class DrafterChoice:
     estimate of deep positions keeps up while another member is chosen; at temperature > 0, its
     first token is scored against the target's distribution at the round's first position (a
     shadow, as the single-drafter `auto` does for a proposal it did not verify). A member with a
-    model that sat out learns nothing that round (it drafted nothing)."""
+    model that sat out drafted nothing; it learns from the target's own top probability at the
+    round's first position (its planner's target_calib: how often the draft agrees with the target
+    at that confidence), as `model:auto` does at a plain step."""
 
     def __init__(self, planners: dict[str, Planner], dear: dict[str, Drafter] | None = None):
         if not planners:
@@ -335,7 +337,11 @@ class DrafterChoice:
                                prop.stop_confidence, o.round_s, top)
                 continue
             plain = Plan(0, c.plan.plain_rate, c.plan.plain_rate)
-            planner.commit(req, plain, 0, 0, emitted)
+            # a member with a model that sat out: the target's confidence at the round's first
+            # position, a shadow of its acceptance (as a plain step is for `model:auto`), so it can
+            # be chosen on evidence of this request rather than on its prior alone
+            top = target_top(o.logits, 0, 0) if name in self.dear else None
+            planner.commit(req, plain, 0, 0, emitted, target_top=top)
             other = c.unverified.get(name)
             if other is None:
                 continue

@@ -173,6 +173,22 @@ def test_a_model_that_sat_out_catches_up_when_the_choice_moves_to_it():
     assert all(r.plans[i].behind <= 2 for i in range(1, len(chosen)) if chosen[i] == chosen[i - 1] == "model")
 
 
+def test_a_model_believed_wrong_is_chosen_on_the_targets_confidence_while_it_sits_out():
+    """A draft model whose prior says it is rarely right (0.1 a position) next to a cheap member
+    that is always wrong (soon learnt: its rounds stop). The target is confident at each
+    (top probability ~0.99 on CycleRunner), which the model's planner reads as a shadow of its
+    acceptance while it sits out (as `model:auto` does at a plain step), so it is chosen and,
+    being right, drafts the rest."""
+    wrong, model = Fixed("wrong", [9] * 8), ModelDrafter(CycleRunner())
+    plain = Engine(CycleRunner(), CharTokenizer()).generate(PROMPT, max_tokens=60)
+    r = Engine(CycleRunner(), CharTokenizer(), AutoDrafter({"wrong": wrong, "model": model}), "auto",
+               policy=choice_with_model(["wrong"], model, 1.0, prior=0.1)).generate(PROMPT, max_tokens=60)
+    assert r.token_ids == plain.token_ids
+    chosen = [p.drafter for p in r.plans]
+    assert "model" in chosen[:10] and chosen[-3:] == ["model"] * 3
+    assert r.stats.accepted_draft_tokens >= 40
+
+
 def test_fixed_d_with_auto_drafter_takes_the_longest_proposal():
     pol = FixedDraftLength(3)
     cand = Proposal([], options={"a": Proposal([1]), "b": Proposal([4, 5, 6, 7])})
