@@ -86,10 +86,9 @@ def head_acceptance(run: str, out: str, target, tok, head_spec: str | None, targ
                 hits[key][k] += int(a[0, first:].sum())
                 tot[key][k] += a[0, first:].numel()
         print(r["prompt_id"], f"{hits['all'][0] / max(tot['all'][0], 1):.3f}", flush=True)
-    rows = [json.loads(x) for x in open(f"{run}/requests.jsonl")]
     gen = defaultdict(lambda: [[0] * 16, [0] * 16])
-    for r in rows:
-        if r.get("kind") == "request" and r["config"].startswith("head:"):
+    for r in Results.load(run).requests.values():
+        if r["config"].startswith("head:"):
             st = r["stats"]
             for k, (p, a) in enumerate(zip(st["proposed_per_position"], st["accepted_per_position"])):
                 gen[r["config"]][0][k] += a

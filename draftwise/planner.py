@@ -458,10 +458,12 @@ class Planner:
         return self.draft(max(behind, 1)) + (d - 1) * self.draft(1)
 
     def plan(self, req: RequestPlan, batch: Batch | None = None, available: int | None = None,
-             behind: int = 1, node_p: np.ndarray | None = None) -> Plan:
+             behind: int = 1, node_p: np.ndarray | None = None, base_rate: float | None = None) -> Plan:
         """D for this round. `batch`: the step the round joins (None: the request alone);
         `available` caps D (a cheap drafter's proposal length, or the room left); `behind` is how
-        many tokens a draft model must catch up on first.
+        many tokens a draft model must catch up on first; `base_rate`: the tokens per second the
+        request goes on at without this drafter (`--drafter auto`: what it has measured so far),
+        which a catch-up's saving is counted against instead of plain decoding's.
 
         `node_p` (a cheap drafter's candidate tree, best first): each node's chance of being on the
         accepted path (tree_calib of its score), so the first d nodes are expected to add
@@ -493,6 +495,7 @@ class Planner:
         if measuring:
             return plain
         catch_up = self._catch_up_s(behind)  # 0 unless a draft model fell behind
+        r_base = r_plain if base_rate is None else max(r_plain, base_rate)  # what a catch-up must beat
         if self.draft is not None and behind > 1 and not any(req.plans) and len(req.plans) < self._look(catch_up, r_plain):
             return plain  # look first: see commit's target_top
         alpha, up = req.acceptance.alpha(), req.acceptance.upper()  # [max_draft] each, once per round
@@ -519,13 +522,13 @@ class Planner:
                 later = any(req.plans)
                 r_probe = expected_tokens(up, best_d) / t_probe
                 if (r_probe > r_plain * (1 + self.margin)) if later else \
-                        self._first_probe_pays(req, catch_up, t, r_plain, r_up):
+                        self._first_probe_pays(req, catch_up, t, r_plain, r_up, r_base):
                     return Plan(best_d, best_r, r_plain, probe=True, seconds=t_probe, step_rate=best_r,
                                 expected=expected_tokens(alpha, best_d))
             return plain
         if best_d == 0:
             return plain
-        if catch_up > 0 and not self._catch_up_pays(req, catch_up, r_plain, self._whole_rate(req, t, r_plain, best_r)):
+        if catch_up > 0 and not self._catch_up_pays(req, catch_up, r_base, self._whole_rate(req, t, r_plain, best_r)):
             return plain
         if self.probe_max > 0 and best_d < d_max:  # one position deeper if optimism about it says it
             deeper = t[best_d]  # pays its verify cost (not always: a verified position can be dear)
@@ -626,24 +629,25 @@ class Planner:
         return i + 1, float(rates[i])
 
     def _first_probe_pays(self, req: RequestPlan, catch_up: float, t: np.ndarray, r_plain: float,
-                          r_up: float) -> bool:
+                          r_up: float, r_base: float) -> bool:
         """Would the saving speculation promises over the rest of this request win back the
         prompt's catch-up? The rate is the lower of two optimistic bounds, this request's (wide:
         it has seen nothing) and the recent requests' (tight once they are many), and the saving
         is weighed by the chance that a first probe pays off at all (probes_pay), whose bound
         alone never falls below ~0.16 (10 requests' worth of evidence at 0.9 decay)."""
         d_w, r_w = self._best(self.workload.upper(), t, r_plain)
-        return d_w > 0 and self._catch_up_pays(req, catch_up, r_plain, min(r_up, r_w), self.probes_pay())
+        return d_w > 0 and self._catch_up_pays(req, catch_up, r_base, min(r_up, r_w), self.probes_pay())
 
-    def _catch_up_pays(self, req: RequestPlan, catch_up: float, r_plain: float, r_spec: float,
+    def _catch_up_pays(self, req: RequestPlan, catch_up: float, r_base: float, r_spec: float,
                        chance: float = 1.0) -> bool:
         """A draft model that fell behind catches up once (`catch_up` seconds, _catch_up_s; 0 when
         it has not); worth it if the rest of the request, at the speculative rate, saves more than
         that forward costs (times the chance that the saving happens at all: for a first probe, how
-        often recent first probes paid off)."""
+        often recent first probes paid off) against the rate it goes on at otherwise (`r_base`:
+        plain decoding's, or under `--drafter auto` the request's measured rate so far)."""
         if catch_up <= 0:
             return True
-        return chance * req.remaining * (1.0 / r_plain - 1.0 / r_spec) > catch_up
+        return chance * req.remaining * (1.0 / r_base - 1.0 / r_spec) > catch_up
 
     def probes_pay(self) -> float:
         """Optimistic bound (mean + one sd, Beta(1, 1) prior) on the share of recent requests whose

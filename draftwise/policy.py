@@ -236,6 +236,8 @@ class _Choice:
     chosen: str | None = None  # the member verified this round; None: a plain step
     unverified: dict[str, Proposal] = field(default_factory=dict)  # cheap members not chosen: what each would have verified
     room: int = 0  # the most tokens this round may draft
+    emitted: int = 0  # tokens the request's rounds without a model member have emitted so far ...
+    spent_s: float = 0.0  # ... and those rounds' seconds on the cost curves (their plans')
 
 
 class DrafterChoice:
@@ -287,12 +289,17 @@ class DrafterChoice:
             return out
         c = st.policy
         plans = {n: self.planners[n].plan(c.reqs[n], batch, available=len(p.tokens)) for n, p in options.items()}
-        for n, member in self.dear.items():  # priced before drafting, its catch-up included
+        # a member with a model is priced before drafting, its catch-up included, which must win
+        # back its cost against the rate the request has gone at without one (the tokens its cheap
+        # members' rounds and plain steps emitted over their seconds on the same curves), not a
+        # plain step's: switching from a cheap member that copies well rarely repays a long prompt's
+        base = c.emitted / c.spent_s if c.spent_s > 0 else None
+        for n, member in self.dear.items():
             behind = member.pending(st.key, st.ctx)
-            plans[n] = self.planners[n].plan(c.reqs[n], batch, available=c.room, behind=behind)
+            plans[n] = self.planners[n].plan(c.reqs[n], batch, available=c.room, behind=behind, base_rate=base)
             if plans[n].d and not member.ready(st.key, st.ctx):  # a head lacking the context's
                 st.collect = True  # features: this step collects them, it drafts from the next
-                plans[n] = self.planners[n].plan(c.reqs[n], batch, available=0, behind=behind)
+                plans[n] = self.planners[n].plan(c.reqs[n], batch, available=0, behind=behind, base_rate=base)
             plans[n].behind = behind
         live = [n for n in plans if plans[n].d > 0]
         c.chosen = max(live, key=lambda n: plans[n].step_rate, default=None)
@@ -329,6 +336,8 @@ class DrafterChoice:
         st.stats.predicted_s += emitted / c.plan.rate
         st.stats.predicted_plain_s += emitted / c.plan.plain_rate
         dear = c.chosen in self.dear
+        if not dear:
+            c.emitted, c.spent_s = c.emitted + emitted, c.spent_s + (c.plan.seconds or 1.0 / c.plan.plain_rate)
         for name, planner in self.planners.items():
             req = c.reqs[name]
             if name == c.chosen:
