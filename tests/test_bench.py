@@ -347,6 +347,24 @@ def test_summary_metrics_per_configuration_category_and_bucket(tmp_path):
     assert "1 (baseline)" in table and "ngram:4" in table
 
 
+def test_decode_speedup_is_the_time_per_output_token_after_the_first():
+    """Hand-built requests: both configurations read each prompt in 1 s, then the speculative one
+    emits its 10 tokens after the first in half the time. End to end 2.0 s against 1.5 s (1.33x);
+    after the first token exactly 2x, on every prompt (so the interval is the point)."""
+    from draftwise.bench.summary import _row
+
+    def rec(config, prompt, per_token):
+        return {"config": config, "prompt_id": prompt, "repeat": 0, "group": prompt, "ttft_s": 1.0,
+                "e2e_s": 1.0 + 10 * per_token, "emitted_tokens": 11, "itl_s": [per_token] * 10}
+
+    base = [rec("plain", p, 0.1) for p in ("a", "b", "c")]
+    spec = [rec("ngram:4", p, 0.05) for p in ("a", "b", "c")]
+    row = _row("all", "ngram:4", 1, spec, base, [], {}, 0, 200, 0)
+    assert row.speedup == pytest.approx(2.0 / 1.5)
+    assert row.decode_speedup == row.decode_speedup_lo == row.decode_speedup_hi == pytest.approx(2.0)
+    assert _row("all", "plain", 1, base, base, [], {}, 0, 200, 0).decode_speedup == 1.0
+
+
 # --- output check --------------------------------------------------------------------------
 
 class SevenDrafter:

@@ -10,7 +10,7 @@ from pathlib import Path
 from draftwise.bench.plots import figures
 from draftwise.bench.summary import Row, Summary
 
-_COLS = ("config", "conc", "req", "tok/s", "ms/tok", "speedup [95% CI]", "pred", "acc", "AL",
+_COLS = ("config", "conc", "req", "tok/s", "ms/tok", "speedup [95% CI]", "after 1st token", "pred", "acc", "AL",
          "TTFT p50 ms", "ITL p50 ms", "E2E p95 s", "RSS+ MB", "mism")
 
 
@@ -29,6 +29,15 @@ def speedup_text(r: Row, baseline: str) -> str:
     return f"{r.speedup:.2f}× [{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]{noise}"
 
 
+def decode_text(r: Row, baseline: str) -> str:
+    """The speedup after the first token (TPOT), with its interval."""
+    if r.config == baseline or r.decode_speedup is None:
+        return "-"
+    if r.decode_speedup_lo is None:
+        return f"{r.decode_speedup:.2f}×"
+    return f"{r.decode_speedup:.2f}× [{r.decode_speedup_lo:.2f}, {r.decode_speedup_hi:.2f}]"
+
+
 def _cols(s: Summary) -> tuple[str, ...]:
     return _COLS + (("verdict",) if s.goal is not None else ())
 
@@ -37,7 +46,7 @@ def _cells(r: Row, s: Summary) -> list[str]:
     mb = None if r.rss_growth_bytes is None else r.rss_growth_bytes / 2**20
     return [r.config, f"{r.concurrency}{'*' if r.sequential else ''}", str(r.requests),
             _f(r.tokens_per_s, "{:.2f}"), _f(r.ms_per_token, "{:.1f}"), speedup_text(r, s.baseline),
-            _f(r.predicted_speedup, "{:.2f}×"),
+            decode_text(r, s.baseline), _f(r.predicted_speedup, "{:.2f}×"),
             _f(r.acceptance_rate, "{:.3f}"), _f(r.acceptance_length, "{:.2f}"),
             _f(r.ttft.p50 and 1000 * r.ttft.p50, "{:.0f}"), _f(r.itl.p50 and 1000 * r.itl.p50, "{:.1f}"),
             _f(r.e2e.p95, "{:.2f}"), _f(mb, "{:.0f}"), str(r.mismatches)] + \
@@ -150,7 +159,8 @@ def _step_cells(r: Row) -> list[str]:
 
 def _results_section(s: Summary) -> str:
     out = ["<h2>Results</h2><p>Latencies from submission; speedup = baseline ms per emitted token ÷ the "
-           "configuration's, with a bootstrap 95% interval over prompts (≈noise: the interval holds 1). "
+           "configuration's, with a bootstrap 95% interval over prompts (≈noise: the interval holds 1); "
+           "after 1st token: the same for the time per output token after the first (TPOT). "
            "RSS+ = most resident memory one request added while it ran. * = sequential.</p>"]
     for scope in dict.fromkeys(r.scope for r in s.rows):
         cells = [_cells(r, s) for r in s.rows if r.scope == scope]

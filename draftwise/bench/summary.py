@@ -6,6 +6,9 @@ waits for others in a sequential group counts its wait (queue_s; 0 at concurrenc
 - speedup = baseline's ms per emitted token / the configuration's, on the prompts both ran,
   summed over repeats; its 95% interval resamples prompts (bootstrap). An interval holding 1 means
   the difference is inside the noise.
+- decode_speedup: the same after the first token (baseline's time per output token, TPOT: (E2E -
+  TTFT) / (tokens - 1), over the configuration's): where the prefill is most of a request (long
+  prompts, short answers) it separates drafting's effect from the prompt's.
 - tokens_per_s = emitted tokens / elapsed time of their groups (throughput).
 - acceptance rate, AL, per-position acceptance, time split: from the summed SpecStats.
 - verdict: keep or not, against a service goal when one is given (draftwise/bench/goal.py).
@@ -79,6 +82,9 @@ class Row:
     speedup: float | None = None
     speedup_lo: float | None = None
     speedup_hi: float | None = None
+    decode_speedup: float | None = None  # the same after the first token (TPOT)
+    decode_speedup_lo: float | None = None
+    decode_speedup_hi: float | None = None
     acceptance_rate: float | None = None
     acceptance_length: float | None = None
     predicted_speedup: float | None = None  # the planner's own prediction (auto configurations)
@@ -165,12 +171,29 @@ def _seen(r: dict, k: str) -> float | None:
     return None if r[k] is None else r[k] + r.get("queue_s", 0.0)
 
 
-def _per_prompt(recs: list[dict]) -> dict[str, tuple[float, int]]:
+def _per_prompt(recs: list[dict], decode: bool = False) -> dict[str, tuple[float, int]]:
+    """prompt -> (seconds, tokens) summed over its requests: from submission to the last token,
+    or (`decode`) from the first token to the last, for the tokens after the first."""
     out: dict[str, list] = defaultdict(lambda: [0.0, 0])
     for r in recs:
-        out[r["prompt_id"]][0] += _seen(r, "e2e_s")
-        out[r["prompt_id"]][1] += r["emitted_tokens"]
+        if decode and r.get("ttft_s") is not None:
+            out[r["prompt_id"]][0] += r["e2e_s"] - r["ttft_s"]
+            out[r["prompt_id"]][1] += max(r["emitted_tokens"] - 1, 0)
+        elif not decode:
+            out[r["prompt_id"]][0] += _seen(r, "e2e_s")
+            out[r["prompt_id"]][1] += r["emitted_tokens"]
     return {k: (t, n) for k, (t, n) in out.items()}
+
+
+def _paired(recs: list[dict], base: list[dict], n_boot: int, seed: int, decode: bool = False):
+    """(point, lo, hi) of the baseline's seconds per token over the configuration's, on the
+    prompts both ran (bootstrap over prompts); None when none."""
+    mine, theirs = _per_prompt(recs, decode), _per_prompt(base, decode)
+    both = [p for p in mine if p in theirs and mine[p][1] and theirs[p][1]]
+    if not both:
+        return None, None, None
+    return bootstrap_ratio([theirs[p][0] for p in both], [theirs[p][1] for p in both],
+                           [mine[p][0] for p in both], [mine[p][1] for p in both], n_boot, seed)
 
 
 def _row(scope, config, conc, recs, base, servers, describe, mism, n_boot, seed) -> Row:
@@ -184,14 +207,11 @@ def _row(scope, config, conc, recs, base, servers, describe, mism, n_boot, seed)
               Latency.of([x for r in recs for x in r["itl_s"]]), Latency.of(e2e),
               tokens / sum(groups.values()) if sum(groups.values()) > 0 else None,
               1000 * sum(e2e) / tokens if tokens else None, mismatches=mism)
-    mine, theirs = _per_prompt(recs), _per_prompt(base)
-    both = [p for p in mine if p in theirs and mine[p][1] and theirs[p][1]]
     if recs and base and recs[0]["config"] == base[0]["config"]:
-        row.speedup = 1.0  # the baseline itself: by definition, no interval
-    elif both:
-        row.speedup, row.speedup_lo, row.speedup_hi = bootstrap_ratio(
-            [theirs[p][0] for p in both], [theirs[p][1] for p in both],
-            [mine[p][0] for p in both], [mine[p][1] for p in both], n_boot, seed)
+        row.speedup = row.decode_speedup = 1.0  # the baseline itself: by definition, no interval
+    elif recs and base:
+        row.speedup, row.speedup_lo, row.speedup_hi = _paired(recs, base, n_boot, seed)
+        row.decode_speedup, row.decode_speedup_lo, row.decode_speedup_hi = _paired(recs, base, n_boot, seed, True)
     st = [_spec_stats(r["stats"]) for r in recs if r.get("stats")] or \
          [_spec_stats(s["stats"]) for s in servers]
     if st:
