@@ -462,8 +462,10 @@ class Planner:
         """D for this round. `batch`: the step the round joins (None: the request alone);
         `available` caps D (a cheap drafter's proposal length, or the room left); `behind` is how
         many tokens a draft model must catch up on first; `base_rate`: the tokens per second the
-        request goes on at without this drafter (`--drafter auto`: what it has measured so far),
-        which a catch-up's saving is counted against instead of plain decoding's.
+        request goes on at without this drafter (`--drafter auto`: its tokens so far over its
+        rounds' seconds on the cost curves), which the saving of a first probe's or a plan's
+        catch-up is counted against instead of plain decoding's (a later probe must beat plain by
+        the margin, catch-up included, and then compete with the other members per round).
 
         `node_p` (a cheap drafter's candidate tree, best first): each node's chance of being on the
         accepted path (tree_calib of its score), so the first d nodes are expected to add
@@ -644,7 +646,7 @@ class Planner:
         it has not); worth it if the rest of the request, at the speculative rate, saves more than
         that forward costs (times the chance that the saving happens at all: for a first probe, how
         often recent first probes paid off) against the rate it goes on at otherwise (`r_base`:
-        plain decoding's, or under `--drafter auto` the request's measured rate so far)."""
+        plain decoding's, or under `--drafter auto` the request's rate so far without a model)."""
         if catch_up <= 0:
             return True
         return chance * req.remaining * (1.0 / r_base - 1.0 / r_spec) > catch_up

@@ -336,6 +336,10 @@ class DrafterChoice:
         st.stats.predicted_s += emitted / c.plan.rate
         st.stats.predicted_plain_s += emitted / c.plan.plain_rate
         dear = c.chosen in self.dear
+        # a member with a model that sat out: the target's confidence at the round's first
+        # position, a shadow of its acceptance (as a plain step is for `model:auto`), so it can
+        # be chosen on evidence of this request rather than on its prior alone
+        sat_out_top = target_top(o.logits, 0, 0) if any(n != c.chosen for n in self.dear) else None
         if not dear:
             c.emitted, c.spent_s = c.emitted + emitted, c.spent_s + (c.plan.seconds or 1.0 / c.plan.plain_rate)
         for name, planner in self.planners.items():
@@ -346,11 +350,7 @@ class DrafterChoice:
                                prop.stop_confidence, o.round_s, top)
                 continue
             plain = Plan(0, c.plan.plain_rate, c.plan.plain_rate)
-            # a member with a model that sat out: the target's confidence at the round's first
-            # position, a shadow of its acceptance (as a plain step is for `model:auto`), so it can
-            # be chosen on evidence of this request rather than on its prior alone
-            top = target_top(o.logits, 0, 0) if name in self.dear else None
-            planner.commit(req, plain, 0, 0, emitted, target_top=top)
+            planner.commit(req, plain, 0, 0, emitted, target_top=sat_out_top if name in self.dear else None)
             other = c.unverified.get(name)
             if other is None:
                 continue

@@ -166,7 +166,8 @@ def test_a_model_that_sat_out_catches_up_when_the_choice_moves_to_it():
     assert r.token_ids == plain.token_ids
     chosen = [p.drafter for p in r.plans]
     last_a = max(i for i, c in enumerate(chosen) if c == "a")
-    assert chosen[last_a + 1:].count("model") >= 3 and "a" not in chosen[last_a + 1:]
+    tail = chosen[last_a + 1:-1]  # the last step emits the last token alone: a plain step
+    assert len(tail) >= 3 and set(tail) == {"model"}
     back = [i for i in range(1, len(chosen)) if chosen[i] == "model" and chosen[i - 1] == "a"]
     assert back  # the choice moved back to the model after rounds of the free member
     # drafting round after round it catches up on its last round's bonus token and one more; after
@@ -195,7 +196,7 @@ def test_a_models_catch_up_must_beat_the_rate_the_request_goes_at_not_a_plain_st
     """A 200-token prompt; a cheap member right every time but proposing 2 tokens (3 tokens per
     11 ms round: 3.7 ms a token), and a draft model believed right 9 times in 10 that drafts for
     0.5 ms a token and catches up at 0.5 ms a token too: ~100 ms for the prompt. Per round the model
-    promises more (6.1 tokens per 18.5 ms at D = 8: 3.0 ms a token), and against plain decoding
+    promises more (6.1 tokens per 18 ms at D = 8: 3.0 ms a token), and against plain decoding
     (10 ms a token) its catch-up repays over the request's 60 tokens (~420 ms saved); against the
     3.7 ms a token the request has measured with the cheap member it does not (~40 ms), so the
     model is never chosen."""

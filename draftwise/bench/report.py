@@ -30,12 +30,15 @@ def speedup_text(r: Row, baseline: str) -> str:
 
 
 def decode_text(r: Row, baseline: str) -> str:
-    """The speedup after the first token (TPOT), with its interval."""
-    if r.config == baseline or r.decode_speedup is None:
+    """The speedup after the first token (TPOT), with its interval, as speedup_text."""
+    if r.config == baseline:
+        return "1 (baseline)"
+    if r.decode_speedup is None:
         return "-"
     if r.decode_speedup_lo is None:
-        return f"{r.decode_speedup:.2f}×"
-    return f"{r.decode_speedup:.2f}× [{r.decode_speedup_lo:.2f}, {r.decode_speedup_hi:.2f}]"
+        return f"{r.decode_speedup:.2f}× (1 prompt)"
+    noise = " ≈noise" if r.decode_speedup_lo <= 1.0 <= r.decode_speedup_hi else ""
+    return f"{r.decode_speedup:.2f}× [{r.decode_speedup_lo:.2f}, {r.decode_speedup_hi:.2f}]{noise}"
 
 
 def _cols(s: Summary) -> tuple[str, ...]:
