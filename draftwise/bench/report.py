@@ -18,27 +18,18 @@ def _f(v, fmt: str) -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def speedup_text(r: Row, baseline: str) -> str:
+def speedup_text(r: Row, baseline: str, field: str = "speedup") -> str:
+    """A row's speedup (`field`: "speedup", or "decode_speedup" after the first token) with its
+    interval."""
     if r.config == baseline:
         return "1 (baseline)"
-    if r.speedup is None:
+    point, lo, hi = (getattr(r, field + k) for k in ("", "_lo", "_hi"))
+    if point is None:
         return "-"
-    if r.speedup_lo is None:
-        return f"{r.speedup:.2f}× (1 prompt: no interval)"
-    noise = " ≈noise" if r.in_noise else ""
-    return f"{r.speedup:.2f}× [{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]{noise}"
-
-
-def decode_text(r: Row, baseline: str) -> str:
-    """The speedup after the first token (TPOT), with its interval, as speedup_text."""
-    if r.config == baseline:
-        return "1 (baseline)"
-    if r.decode_speedup is None:
-        return "-"
-    if r.decode_speedup_lo is None:
-        return f"{r.decode_speedup:.2f}× (1 prompt)"
-    noise = " ≈noise" if r.decode_speedup_lo <= 1.0 <= r.decode_speedup_hi else ""
-    return f"{r.decode_speedup:.2f}× [{r.decode_speedup_lo:.2f}, {r.decode_speedup_hi:.2f}]{noise}"
+    if lo is None:
+        return f"{point:.2f}× (1 prompt: no interval)"
+    noise = " ≈noise" if lo <= 1.0 <= hi else ""
+    return f"{point:.2f}× [{lo:.2f}, {hi:.2f}]{noise}"
 
 
 def _cols(s: Summary) -> tuple[str, ...]:
@@ -49,7 +40,7 @@ def _cells(r: Row, s: Summary) -> list[str]:
     mb = None if r.rss_growth_bytes is None else r.rss_growth_bytes / 2**20
     return [r.config, f"{r.concurrency}{'*' if r.sequential else ''}", str(r.requests),
             _f(r.tokens_per_s, "{:.2f}"), _f(r.ms_per_token, "{:.1f}"), speedup_text(r, s.baseline),
-            decode_text(r, s.baseline), _f(r.predicted_speedup, "{:.2f}×"),
+            speedup_text(r, s.baseline, "decode_speedup"), _f(r.predicted_speedup, "{:.2f}×"),
             _f(r.acceptance_rate, "{:.3f}"), _f(r.acceptance_length, "{:.2f}"),
             _f(r.ttft.p50 and 1000 * r.ttft.p50, "{:.0f}"), _f(r.itl.p50 and 1000 * r.itl.p50, "{:.1f}"),
             _f(r.e2e.p95, "{:.2f}"), _f(mb, "{:.0f}"), str(r.mismatches)] + \

@@ -176,12 +176,14 @@ def _per_prompt(recs: list[dict], decode: bool = False) -> dict[str, tuple[float
     or (`decode`) from the first token to the last, for the tokens after the first."""
     out: dict[str, list] = defaultdict(lambda: [0.0, 0])
     for r in recs:
-        if decode and r.get("ttft_s") is not None:
-            out[r["prompt_id"]][0] += r["e2e_s"] - r["ttft_s"]
-            out[r["prompt_id"]][1] += max(r["emitted_tokens"] - 1, 0)
-        elif not decode:
-            out[r["prompt_id"]][0] += _seen(r, "e2e_s")
-            out[r["prompt_id"]][1] += r["emitted_tokens"]
+        if not decode:
+            t, n = _seen(r, "e2e_s"), r["emitted_tokens"]
+        elif r.get("ttft_s") is not None:
+            t, n = r["e2e_s"] - r["ttft_s"], max(r["emitted_tokens"] - 1, 0)
+        else:
+            continue  # no first token: nothing after it
+        out[r["prompt_id"]][0] += t
+        out[r["prompt_id"]][1] += n
     return {k: (t, n) for k, (t, n) in out.items()}
 
 
