@@ -101,8 +101,7 @@ def replay_cheap(tr: dict, planner: Planner, drafter, fixed: int = 0, max_tokens
         c["proposed"] += len(toks)
         c["accepted"] += a
         t += emitted
-    drafter.propose(key, ctx, 0, GREEDY, None)  # the whole output, then released as the engine does
-    drafter.release(key)
+    drafter.release(key, ctx)  # the whole output, as the engine releases it
     if req is not None:
         planner.finish(req)
     return secs, dict(c)

@@ -685,13 +685,13 @@ class Scheduler:
             self.target.truncate(st.seq, len(st.req.prompt_ids))
             self._prefix = _Prefix(list(st.req.prompt_ids), st.seq, st.key, st.prompt_logits)
             return
-        self._free_seq(st.seq, st.key)
+        self._free_seq(st.seq, st.key, st.ctx)
 
-    def _free_seq(self, seq: int, key: int) -> None:
+    def _free_seq(self, seq: int, key: int, context: list[int] | None = None) -> None:
         self._held.discard(seq)
         self.target.free(seq)
         if self.drafter is not None:
-            self.drafter.release(key)
+            self.drafter.release(key, context)
 
     @staticmethod
     def _send(req: Request, event) -> bool:

@@ -379,7 +379,7 @@ class SevenDrafter:
     def memory_nodes(self):
         return 0
 
-    def release(self, key):
+    def release(self, key, context=None):
         pass
 
 

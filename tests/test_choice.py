@@ -34,7 +34,7 @@ class Fixed:
     def isolate(self, key):
         pass
 
-    def release(self, key):
+    def release(self, key, context=None):
         pass
 
     def memory_nodes(self):

@@ -96,6 +96,19 @@ def test_decoding_with_the_suffix_drafter_is_plain_decoding(params):
         assert spec.stats.acceptance_rate == 1.0  # the cycle repeats: every suffix proposal is right
 
 
+def test_a_finished_request_joins_the_global_trie_to_its_last_token():
+    # the loop proposes before each round, so the last round's tokens reach the drafter only as the
+    # request ends: without them the same prompt asked again would draft all but its answer's end
+    d = SuffixDrafter()
+    prompt = [9, 10, 11]
+    first = Engine(CycleRunner(), CharTokenizer(), d, 4).generate(prompt, max_tokens=8)
+    assert first.token_ids == [2, 3, 4, 0, 1, 2, 3, 4]
+    assert d.global_trie.find(prompt[-2:] + first.token_ids) is not None
+    again = Engine(CycleRunner(), CharTokenizer(), d, 8).generate(prompt, max_tokens=8)
+    assert again.token_ids == first.token_ids
+    assert again.stats.verification_rounds == 1 and again.stats.accepted_draft_tokens == 6  # first token, 6 drafted, bonus
+
+
 def test_the_longer_match_wins_across_tries():
     d = SuffixDrafter(depth=8, max_match=6)
     run(d, 1, [0], [9, 1, 2, 3, 4, 5, 6])

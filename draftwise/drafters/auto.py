@@ -57,9 +57,9 @@ class AutoDrafter:
         for d in self.members.values():
             d.isolate(seq_key)
 
-    def release(self, seq_key: int) -> None:
+    def release(self, seq_key: int, context: list[int] | None = None) -> None:
         for d in self.members.values():
-            d.release(seq_key)
+            d.release(seq_key, context)
 
     def memory_nodes(self) -> int:
         return sum(d.memory_nodes() for d in self.members.values())

@@ -99,7 +99,7 @@ class HeadDrafter(ModelDrafter):
         keep = _keep(st, context)
         return max(L - (st.fbase + 1 if keep is None else keep), 1)
 
-    def release(self, seq_key: int) -> None:
+    def release(self, seq_key: int, context: list[int] | None = None) -> None:
         st = self._seqs.pop(seq_key, None)
         if st is not None and st.seq is not None:
             self.runner.free(st.seq)

@@ -76,7 +76,7 @@ class ModelDrafter:
     def memory_nodes(self) -> int:
         return 0
 
-    def release(self, seq_key: int) -> None:
+    def release(self, seq_key: int, context: list[int] | None = None) -> None:
         st = self._seqs.pop(seq_key, None)
         if st is not None:
             self.runner.free(st.seq)

@@ -61,5 +61,5 @@ class NgramDrafter:
     def memory_nodes(self) -> int:
         return 0
 
-    def release(self, seq_key: int) -> None:
+    def release(self, seq_key: int, context: list[int] | None = None) -> None:
         pass

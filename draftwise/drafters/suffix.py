@@ -288,16 +288,18 @@ class SuffixDrafter:
     def isolate(self, seq_key: int) -> None:
         self.private.add(seq_key)
 
-    def release(self, seq_key: int) -> None:
-        """A request ended: its output joins the global trie (unless private), oldest evicted past the
-        cap, after the last max_match - 1 tokens of its prompt: the same prompt asked again drafts
-        from its first token on."""
+    def release(self, seq_key: int, context: list[int] | None = None) -> None:
+        """A request ended with `context`: its output joins the global trie (unless private), oldest
+        evicted past the cap, after the last max_match - 1 tokens of its prompt: the same prompt
+        asked again drafts from its first token on, to its last (the last round's tokens, which no
+        propose saw, included)."""
         r = self._reqs.pop(seq_key, None)
         private = seq_key in self.private
         self.private.discard(seq_key)
         if r is None or private or not self.share:
             return
-        out = r.seen[max(r.prompt_len - self.max_match + 1, 0):]  # with its prompt's last tokens
+        seen = context if context is not None and context[: len(r.seen)] == r.seen else r.seen
+        out = seen[max(r.prompt_len - self.max_match + 1, 0):]  # with its prompt's last tokens
         if len(out) < 2:
             return
         self.global_trie.add(out)
