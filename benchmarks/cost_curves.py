@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from draftwise.backends.base import forward_parts, padded_parts
-from draftwise.planner import CostCurve
+from draftwise.costs import CostCurve
 from draftwise.profile import ProfileResult
 
 CONTEXT = 200  # tokens each sequence holds before a measured ragged step

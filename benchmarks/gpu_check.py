@@ -39,7 +39,8 @@ from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
 from draftwise.build import load_drafter
 from draftwise.models.head import HeadConfig, new_head, save_head
-from draftwise.planner import PRIORS, CostCurve, Planner, planner_defaults
+from draftwise.costs import CostCurve
+from draftwise.planner import PRIORS, Planner, planner_defaults
 from draftwise.profile import profile_runner
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

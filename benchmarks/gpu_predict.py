@@ -14,7 +14,8 @@ import json
 
 import numpy as np
 
-from draftwise.planner import CostCurve, Planner
+from draftwise.costs import CostCurve
+from draftwise.planner import Planner
 from draftwise.profile import ProfileResult
 from draftwise.stats import SpecStats, aggregate
 

@@ -32,7 +32,8 @@ import os
 
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter
-from draftwise.planner import CostCurve, Planner, planner_defaults
+from draftwise.costs import CostCurve
+from draftwise.planner import Planner, planner_defaults
 from draftwise.profile import ProfileResult
 from draftwise.replay import replay, replay_cheap
 

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from draftwise.drafters.base import Drafter, Proposal, StopRule
-from draftwise.planner import Batch, CostCurve, Plan, Planner, RequestPlan, planner_defaults
+from draftwise.costs import CostCurve
+from draftwise.planner import Batch, Plan, Planner, RequestPlan, planner_defaults
 from draftwise.request import PlanStep
 from draftwise.sampling import SamplingParams, target_top
 from draftwise.verify import VerifyResult

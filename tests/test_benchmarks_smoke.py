@@ -12,7 +12,8 @@ from draftwise.bench import BenchConfig, run_bench
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
 from draftwise.peers import LLAMA_SERVER, VLLM_SERVE
-from draftwise.planner import CostCurve, Planner
+from draftwise.costs import CostCurve
+from draftwise.planner import Planner
 from draftwise.profile import profile_runner
 from draftwise.prompts import Prompt
 from fakes import CharTokenizer, CycleRunner
@@ -252,7 +253,7 @@ def test_pad_rows_on_a_tiny_model(capsys):
 
 
 def test_cost_curves_ragged_on_the_toy_runner():
-    from draftwise.planner import CostCurve
+    from draftwise.costs import CostCurve
     from fakes import CycleRunner
 
     ragged = driver("cost_curves")

@@ -9,7 +9,8 @@ from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
-from draftwise.planner import Batch, CostCurve, Planner
+from draftwise.costs import CostCurve
+from draftwise.planner import Batch, Planner
 from draftwise.policy import FixedDraftLength
 from draftwise.sampling import SamplingParams
 from fakes import CharTokenizer, CycleRunner

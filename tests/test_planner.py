@@ -6,7 +6,9 @@ from draftwise.drafters.base import StopRule
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
-from draftwise.planner import Acceptance, Calibration, CostCurve, Plan, Planner, expected_tokens
+from draftwise.acceptance import Acceptance, Calibration, expected_tokens
+from draftwise.costs import CostCurve
+from draftwise.planner import Plan, Planner
 from draftwise.profile import ProfileResult
 from draftwise.sampling import SamplingParams
 from fakes import CharTokenizer, CycleRunner
@@ -677,7 +679,8 @@ def test_plain_step_of_a_batch_size_is_measured_before_drafting_at_it():
     """The profile's plain point at b = 16 was 22% above the running engine's (docs/data/
     ragged_steps_qwen.txt): no step that drafts measures it, so the planner measures it first."""
     from draftwise.backends.base import equal_split_parts
-    from draftwise.planner import MEASURE, Batch
+    from draftwise.costs import MEASURE
+    from draftwise.planner import Batch
 
     curve = CostCurve({1: [2 + k for k in range(1, 10)], 16: [40 + 16 * k for k in range(1, 10)]})
     pl = Planner(curve, None, prior=0.8, max_draft=4, probe_max=0, margin=0.03, risk=0.0)

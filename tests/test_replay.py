@@ -2,7 +2,8 @@
 import pytest
 
 from draftwise.planner import PRIORS, planner_defaults
-from draftwise.planner import CostCurve, Planner
+from draftwise.costs import CostCurve
+from draftwise.planner import Planner
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.replay import replay, replay_cheap

@@ -167,7 +167,8 @@ def test_thread_and_failed_delivery_cancels():
 
 
 def test_planner_policy_turns_speculation_off_when_batching_makes_verification_dear():
-    from draftwise.planner import CostCurve, Planner
+    from draftwise.costs import CostCurve
+    from draftwise.planner import Planner
     from draftwise.policy import PlannedDraftLength
 
     # alone, verifying k tokens costs about one forward; with 4 sequences it costs k forwards
@@ -187,7 +188,8 @@ def test_planner_policy_turns_speculation_off_when_batching_makes_verification_d
 def test_planner_policy_prices_draft_catch_up_and_stops_drafts_early():
     from draftwise.drafters.base import StopRule
     from draftwise.drafters.model import ModelDrafter
-    from draftwise.planner import CostCurve, Planner
+    from draftwise.costs import CostCurve
+    from draftwise.planner import Planner
     from draftwise.policy import PlannedDraftLength
 
     class StopAfterTwo(Planner):  # records what it is asked, and stops every draft before token 3
@@ -240,7 +242,8 @@ def test_a_batch_prices_each_draft_by_what_it_adds_to_the_shared_step():
     have nothing to draft, its draft would run as a second forward that all 8 wait for: worth
     less than that wait, so it steps plainly. When all 8 can draft, they draft together, one
     forward of equal feeds, which pays though a lone draft would not."""
-    from draftwise.planner import CostCurve, Planner
+    from draftwise.costs import CostCurve
+    from draftwise.planner import Planner
     from draftwise.policy import PlannedDraftLength
 
     curve = CostCurve({b: [10 + k * b for k in range(1, 10)] for b in (1, 2, 4, 8)})
@@ -266,7 +269,8 @@ def test_drafts_that_pay_only_together_in_a_ragged_step_give_way_to_the_plain_st
     it, (1 x 8) + (2 x 3) ubatches, 34 ms for 3 x 2.44 + 5 tokens; without, (1 x 8) + (2 x 2),
     32 ms for 10.88. Together they lose to the plain step, 8 tokens in 18 ms (362 against 444
     tokens/s), and none pays its extra ubatch alone (7 + 2.44 tokens in 30 ms): plain steps."""
-    from draftwise.planner import Batch, CostCurve, Planner
+    from draftwise.costs import CostCurve
+    from draftwise.planner import Batch, Planner
     from draftwise.policy import PlannedDraftLength
 
     curve = CostCurve({b: [10 + k * b for k in range(1, 10)] for b in (1, 2, 4, 8)})

@@ -9,7 +9,8 @@ import pytest
 
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
-from draftwise.planner import CostCurve, Planner
+from draftwise.costs import CostCurve
+from draftwise.planner import Planner
 from draftwise.policy import FixedDraftLength, PlannedDraftLength
 from draftwise.sampling import SamplingParams
 from draftwise.scheduler import MAX_LOOP_ERRORS, NullObserver, Request, Scheduler, ShuttingDown

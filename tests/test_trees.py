@@ -7,7 +7,8 @@ import torch
 from draftwise.drafters.base import Proposal
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
-from draftwise.planner import CostCurve, Planner
+from draftwise.costs import CostCurve
+from draftwise.planner import Planner
 from draftwise.sampling import SamplingParams
 from fakes import CharTokenizer, CycleRunner
 
