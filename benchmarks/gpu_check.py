@@ -33,13 +33,13 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from draftwise.backends.torch_runner import TorchRunner
+from draftwise.build import load_drafter
+from draftwise.costs import CostCurve
 from draftwise.drafters.head import HeadDrafter
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
-from draftwise.build import load_drafter
 from draftwise.models.head import HeadConfig, new_head, save_head
-from draftwise.costs import CostCurve
 from draftwise.planner import PRIORS, Planner, planner_defaults
 from draftwise.profile import profile_runner
 

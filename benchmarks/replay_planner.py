@@ -30,9 +30,9 @@ from collections import defaultdict
 
 import os
 
+from draftwise.costs import CostCurve
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter
-from draftwise.costs import CostCurve
 from draftwise.planner import Planner, planner_defaults
 from draftwise.profile import ProfileResult
 from draftwise.replay import replay, replay_cheap

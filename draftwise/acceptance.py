@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+
 class Acceptance:
     """Per-position conditional acceptance as Beta posteriors: alpha_i = (a_i + acc_i) / (a_i + b_i
     + seen_i), with prior pseudo-counts (a_i, b_i) = strength * (m_i, 1 - m_i). Older

@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from draftwise.acceptance import Acceptance, Calibration, expected_tokens
-from draftwise.costs import EMA, MEASURE, CostCurve
+from draftwise.costs import EMA, CostCurve
 from draftwise.drafters.base import StopRule, common_prefix
 
 

@@ -27,8 +27,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from draftwise.drafters.base import Drafter, Proposal, StopRule
 from draftwise.costs import CostCurve
+from draftwise.drafters.base import Drafter, Proposal, StopRule
 from draftwise.planner import Batch, Plan, Planner, RequestPlan, planner_defaults
 from draftwise.request import PlanStep
 from draftwise.sampling import SamplingParams, target_top

@@ -685,7 +685,10 @@ class Scheduler:
             self.target.truncate(st.seq, len(st.req.prompt_ids))
             self._prefix = _Prefix(list(st.req.prompt_ids), st.seq, st.key, st.prompt_logits)
             return
-        self._free_seq(st.seq, st.key, st.ctx)
+        # what the request delivered: ctx also holds a round's verified tokens past an EOS or a stop
+        # string, which no drafter may learn as the answer's continuation
+        delivered = None if st.out is None else st.ctx[: len(st.req.prompt_ids) + len(st.out.token_ids)]
+        self._free_seq(st.seq, st.key, delivered)
 
     def _free_seq(self, seq: int, key: int, context: list[int] | None = None) -> None:
         self._held.discard(seq)

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from draftwise.bench import BenchConfig, run_bench
+from draftwise.costs import CostCurve
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
 from draftwise.peers import LLAMA_SERVER, VLLM_SERVE
-from draftwise.costs import CostCurve
 from draftwise.planner import Planner
 from draftwise.profile import profile_runner
 from draftwise.prompts import Prompt

@@ -2,16 +2,15 @@
 and a private request through the engine."""
 import pytest
 
-from draftwise.policy import DrafterChoice
+from draftwise.costs import CostCurve
 from draftwise.drafters.auto import AutoDrafter
 from draftwise.drafters.base import Proposal
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
-from draftwise.costs import CostCurve
 from draftwise.planner import Batch, Planner
-from draftwise.policy import FixedDraftLength
+from draftwise.policy import DrafterChoice, FixedDraftLength
 from draftwise.sampling import SamplingParams
 from fakes import CharTokenizer, CycleRunner
 

@@ -2,12 +2,12 @@
 import numpy as np
 import pytest
 
+from draftwise.acceptance import Acceptance, Calibration, expected_tokens
+from draftwise.costs import CostCurve
 from draftwise.drafters.base import StopRule
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
-from draftwise.acceptance import Acceptance, Calibration, expected_tokens
-from draftwise.costs import CostCurve
 from draftwise.planner import Plan, Planner
 from draftwise.profile import ProfileResult
 from draftwise.sampling import SamplingParams

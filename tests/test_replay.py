@@ -1,11 +1,10 @@
 """The offline replay of the planner (draftwise.replay) on hand-built teacher-forced traces."""
 import pytest
 
-from draftwise.planner import PRIORS, planner_defaults
 from draftwise.costs import CostCurve
-from draftwise.planner import Planner
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter
+from draftwise.planner import PRIORS, Planner, planner_defaults
 from draftwise.replay import replay, replay_cheap
 
 # llama.cpp-like curves (ms, k = 1..17): a 0.5B draft step costs ~0.45 of a 1.5B target step

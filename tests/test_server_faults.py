@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from draftwise.costs import CostCurve
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
-from draftwise.costs import CostCurve
 from draftwise.planner import Planner
 from draftwise.policy import FixedDraftLength, PlannedDraftLength
 from draftwise.sampling import SamplingParams

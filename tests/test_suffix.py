@@ -109,6 +109,17 @@ def test_a_finished_request_joins_the_global_trie_to_its_last_token():
     assert again.stats.verification_rounds == 1 and again.stats.accepted_draft_tokens == 6  # first token, 6 drafted, bonus
 
 
+def test_a_finished_request_joins_the_global_trie_up_to_its_eos():
+    # the round that drafted the EOS verified tokens after it too (the cycle goes on 15 -> 0 -> 1):
+    # the request ends at the EOS, and the trie must not learn what the target never delivered
+    d = SuffixDrafter(max_match=2)  # stores the prompt's last token before the output
+    prompt = [12, 13, 14, 15, 0, 1, 2, 12]  # "12 13" is followed by 14 15 0 1 2 in the prompt
+    r = Engine(CycleRunner(vocab=16, period=16), CharTokenizer(eos=15), d, 4).generate(prompt, max_tokens=20)
+    assert r.token_ids == [13, 14, 15] and r.finish_reason == "stop"
+    assert r.stats.accepted_draft_tokens == 4 and r.stats.discarded_tokens == 3  # 0 1 and the bonus: cut by the EOS
+    assert d.global_trie.find([12, 13, 14, 15]) is not None and d.global_trie.find([15, 0]) is None
+
+
 def test_the_longer_match_wins_across_tries():
     d = SuffixDrafter(depth=8, max_match=6)
     run(d, 1, [0], [9, 1, 2, 3, 4, 5, 6])

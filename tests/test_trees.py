@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
+from draftwise.costs import CostCurve
 from draftwise.drafters.base import Proposal
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
-from draftwise.costs import CostCurve
 from draftwise.planner import Planner
 from draftwise.sampling import SamplingParams
 from fakes import CharTokenizer, CycleRunner

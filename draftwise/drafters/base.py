@@ -78,8 +78,9 @@ class Drafter(Protocol):
     with their own probabilities): when to stop drafting early, see StopRule. `pending` is how
     many context tokens the drafter has not yet seen (what its next propose must catch up on);
     `ready` whether it can draft after the context now (a head also needs the target's features).
-    `release(seq_key, context)`: the request ended with `context` (its whole committed sequence: the
-    last round's tokens were never proposed after; None: it is let go unread).
+    `release(seq_key, context)`: the request ended; `context` is its prompt and delivered output
+    (up to its EOS or stop), including the last round's tokens, which no propose saw; None: the
+    drafter keeps what its proposals saw.
     `isolate(seq_key)`: the request's text is neither read from nor added to state shared across
     requests (the suffix drafter's global trie); `memory_nodes()`: the size of that shared state."""
 
