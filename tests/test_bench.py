@@ -15,7 +15,7 @@ from draftwise.bench.plots import break_even, draft_length
 from draftwise.bench.report import format_table
 from draftwise.bench.results import REQUESTS, Results
 from draftwise.bench.run import plan
-from draftwise.bench.summary import Latency, bootstrap_ratio, percentile
+from draftwise.bench.summary import Latency, bootstrap_ratio, in_noise, percentile
 from draftwise.drafters.base import Proposal
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
@@ -296,9 +296,9 @@ def test_bootstrap_interval_holds_1_for_noise_and_not_for_a_real_difference():
     base = rng.uniform(0.5, 1.5, 40)
     noise = base * rng.uniform(0.8, 1.25, 40)  # no systematic difference
     _, lo, hi = bootstrap_ratio(base, [1] * 40, noise, [1] * 40)
-    assert lo < 1.0 < hi
+    assert lo < 1.0 < hi and in_noise(lo, hi)
     _, lo, hi = bootstrap_ratio(base, [1] * 40, base / 1.5 * rng.uniform(0.9, 1.1, 40), [1] * 40)
-    assert 1.0 < lo < 1.5 < hi
+    assert 1.0 < lo < 1.5 < hi and not in_noise(lo, hi)
 
 
 def test_bootstrap_interval_narrows_as_prompts_grow():

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from draftwise.bench.plots import figures
-from draftwise.bench.summary import Row, Summary
+from draftwise.bench.summary import Row, Summary, in_noise
 
 _COLS = ("config", "conc", "req", "tok/s", "ms/tok", "speedup [95% CI]", "after 1st token", "pred", "acc", "AL",
          "TTFT p50 ms", "ITL p50 ms", "E2E p95 s", "RSS+ MB", "mism")
@@ -28,7 +28,7 @@ def speedup_text(r: Row, baseline: str, field: str = "speedup") -> str:
         return "-"
     if lo is None:
         return f"{point:.2f}× (1 prompt: no interval)"
-    noise = " ≈noise" if lo <= 1.0 <= hi else ""
+    noise = " ≈noise" if in_noise(lo, hi) else ""
     return f"{point:.2f}× [{lo:.2f}, {hi:.2f}]{noise}"
 
 

@@ -65,6 +65,11 @@ def bootstrap_ratio(base_t, base_n, cfg_t, cfg_n, n_boot: int = 2000, seed: int 
     return float(point), float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
 
 
+def in_noise(lo: float, hi: float) -> bool:
+    """Whether a speedup's interval holds 1: the two configurations are not told apart."""
+    return lo <= 1.0 <= hi
+
+
 @dataclass(slots=True)
 class Row:
     scope: str  # "all" | "category:<name>" | "bucket:<range>"
@@ -104,7 +109,7 @@ class Row:
 
     @property
     def in_noise(self) -> bool | None:
-        return None if self.speedup_lo is None else self.speedup_lo <= 1.0 <= self.speedup_hi
+        return None if self.speedup_lo is None else in_noise(self.speedup_lo, self.speedup_hi)
 
 
 @dataclass(slots=True)
