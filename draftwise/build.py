@@ -21,7 +21,10 @@ from draftwise.request import check_draft_len
 from draftwise.scheduler import Scheduler
 
 DRAFTERS = ("none", "model", "ngram", "suffix", "suffix-tree", "head", "auto")
-AUTO_MEMBERS = ("ngram", "suffix")  # what --drafter auto chooses among by default, with none
+# what --drafter auto chooses among by default, with none: the suffix tries (their trie over the
+# request finds every match n-gram does) and the draft model, which the planner lets draft only
+# where its cost curve and the target's confidence say it pays (docs/suffix.md)
+AUTO_MEMBERS = ("suffix", "model")
 AUTO_CHOICES = ("ngram", "suffix", "model", "head")  # what it can choose among (--auto-members)
 # llama.cpp's CPU kernels. "repacked" (its extra buffer types, as llama_cpp.Llama loads) steps one
 # token faster than "standard" and processes a long prompt slower; which verifies several tokens

@@ -77,7 +77,7 @@ def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
                         "request's output is evicted past it")
     p.add_argument("--auto-members", type=_members, default=d["auto_members"].default,
                    help="drafter auto: the drafters it chooses among each round, comma-separated, of ngram, "
-                        "suffix, model, head (default ngram,suffix)")
+                        "suffix, model, head (default suffix,model)")
     assert set(ModelFields.__dataclass_fields__) <= {a.dest for a in p._actions}
 
 

@@ -10,7 +10,7 @@ from draftwise.build import EngineSpec
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram", "model"])
+@pytest.mark.parametrize("drafter", ["none", "ngram", "model", "auto"])
 def test_generate_each_drafter_on_defaults(drafter, capsys):
     assert cli.main(["generate", "--drafter", drafter, "--max-tokens", "12", "--compare-plain"]) == 0
     out = capsys.readouterr().out
@@ -23,6 +23,9 @@ def test_generate_each_drafter_on_defaults(drafter, capsys):
     lines = [line for line in out.splitlines() if line.startswith("speedup")]
     assert lines and all("outputs identical: True" in line for line in lines)  # greedy: plain's tokens
     assert re.search(rf"speedup \(ms per emitted token, plain / {label}\): \d+\.\d+x", out)
+    if drafter == "auto":  # its default members, or plain steps
+        chosen = re.search(r"steps by drafter chosen: (.*)", out).group(1)
+        assert {c.split()[0] for c in chosen.split(", ")} <= {"suffix", "model", "none"}
 
 
 def test_generate_streams_plain_text_by_default(capsys):
