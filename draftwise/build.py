@@ -177,7 +177,17 @@ def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_run
         return HeadDrafter(draft_runner)
     if kind == "auto":
         shared = shared or {}
-        return AutoDrafter({m: load_drafter(spec, tokenizer, m, shared.get(m), target) for m in spec.auto_members})
+        members = {}
+        for m in spec.auto_members:
+            try:
+                members[m] = load_drafter(spec, tokenizer, m, shared.get(m), target)
+            except VocabularyMismatch as e:
+                if not (m == "model" and _default_model_member(spec)):
+                    raise
+                # neither the member nor the draft model was asked for: a target of another family
+                # runs auto without it, as it ran before the model was a default member
+                print(f"drafter auto: leaving out the default draft model: {e}", file=sys.stderr)
+        return AutoDrafter(members)
     if kind == "ngram":
         return NgramDrafter(spec.ngram_min, spec.ngram_max)
     if kind in ("suffix", "suffix-tree"):
@@ -189,6 +199,11 @@ def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_run
                                           **_backend_kw(spec.draft_backend, spec, draft=True))
         check_vocabularies(tokenizer, d_tok, spec.target, spec.draft_model)
     return ModelDrafter(draft_runner)
+
+
+def _default_model_member(spec: EngineSpec) -> bool:
+    """Is auto's draft model there by default only (the default members and draft model)?"""
+    return spec.auto_members == AUTO_MEMBERS and spec.draft_model == DEFAULT_DRAFT
 
 
 def freeze_heap() -> None:

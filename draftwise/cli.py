@@ -42,7 +42,7 @@ def write_report(totals, out):
 
 def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
     """The model flags, defined once for every command (defaults: draftwise.build.EngineSpec)."""
-    from draftwise.build import DRAFTERS, EngineSpec, ModelFields
+    from draftwise.build import AUTO_MEMBERS, DRAFTERS, EngineSpec, ModelFields
 
     d = EngineSpec.__dataclass_fields__
     p.add_argument("--target", default=d["target"].default, help="packaged name, .gguf file or HF directory")
@@ -50,8 +50,8 @@ def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
         p.add_argument("--drafter", choices=DRAFTERS, default=d["drafter"].default,
                        help="ngram: prompt lookup; suffix: suffix tries over the request and recent outputs; "
                        "suffix-tree: the same, proposing candidate trees (torch backend); "
-                       "model: the draft model; head: a draft head on the target's features (--head); auto: n-gram "
-                       "or suffix, chosen every round (with D auto); none: plain decoding")
+                       "model: the draft model; head: a draft head on the target's features (--head); auto: one of "
+                       "--auto-members or none, chosen every round (with D auto); none: plain decoding")
         p.add_argument("--num-draft-tokens", type=_draft_len, default=d["num_draft_tokens"].default,
                        help="D per round: an integer, or auto (default): chosen every round from the measured "
                             "forward-cost curves and the request's acceptance, 0 (plain) included")
@@ -77,7 +77,7 @@ def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
                         "request's output is evicted past it")
     p.add_argument("--auto-members", type=_members, default=d["auto_members"].default,
                    help="drafter auto: the drafters it chooses among each round, comma-separated, of ngram, "
-                        "suffix, model, head (default suffix,model)")
+                        f"suffix, model, head (default {','.join(AUTO_MEMBERS)})")
     assert set(ModelFields.__dataclass_fields__) <= {a.dest for a in p._actions}
 
 
@@ -229,8 +229,9 @@ def cmd_verify(a) -> int:
     from draftwise.losscheck import BUGS, check_greedy, check_sampling
     from draftwise.prompts import load_workload
 
-    if a.drafter == "none":
-        raise ValueError("verify compares a drafter with plain decoding: choose --drafter model or ngram")
+    if a.drafter in ("none", "auto"):
+        raise ValueError(f"verify checks one drafter against plain decoding, not --drafter {a.drafter}: choose "
+                         "model, ngram, suffix, suffix-tree or head")
     sampler = BUGS[a.inject_bug] if a.inject_bug else {}
     # a llama.cpp runner with candidate trees holds one sequence: the engines take turns (release)
     spec, runner, tok = build_engine(_spec(a, max_running=1 if a.drafter == "suffix-tree" else 2),
@@ -364,8 +365,9 @@ def cmd_plan(a) -> int:
         return 0
     if a.endpoint:
         return _plan_endpoint(a, out)
-    if a.drafter == "none":
-        raise ValueError("plan chooses a draft length: choose --drafter model or ngram")
+    if a.drafter in ("none", "auto"):
+        raise ValueError(f"plan chooses one drafter's draft length, not --drafter {a.drafter}: choose one "
+                         "drafter (model, ngram, ...)")
     a.num_draft_tokens = a.pilot_d
     spec = _spec(a, max_running=1)
     spec_engine, runner, tok = build_engine(spec)
