@@ -14,8 +14,8 @@ from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
-from draftwise.models.load import default_backend, load_runner, torch_device
-from draftwise.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from draftwise.models.load import default_backend, load_runner, load_tokenizer, torch_device
+from draftwise.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, resolve
 from draftwise.policy import make_policy
 from draftwise.request import check_draft_len
 from draftwise.scheduler import Scheduler
@@ -194,10 +194,11 @@ def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_run
         return SuffixDrafter(max_nodes=spec.suffix_max_nodes, tree=kind == "suffix-tree")
     if kind != "model":
         return None
-    if draft_runner is None:
-        draft_runner, d_tok = load_runner(spec.draft_model, spec.draft_backend, spec.threads, spec.max_context,
-                                          **_backend_kw(spec.draft_backend, spec, draft=True))
+    if draft_runner is None:  # the vocabularies first: a mismatch loads no weights
+        d_tok = load_tokenizer(resolve(spec.draft_model))
         check_vocabularies(tokenizer, d_tok, spec.target, spec.draft_model)
+        draft_runner, _ = load_runner(spec.draft_model, spec.draft_backend, spec.threads, spec.max_context,
+                                      tokenizer=d_tok, **_backend_kw(spec.draft_backend, spec, draft=True))
     return ModelDrafter(draft_runner)
 
 

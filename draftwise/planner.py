@@ -17,10 +17,12 @@ predicted forward time; T_draft from the draft model's profile, or the measured 
 a cheap drafter. When the draft model has fallen behind (it is not fed while D = 0), resuming
 costs a catch-up forward; it is paid once, so it is set against the time speculation would save
 over the rest of the request rather than against one round, at the rate the request's long-memory
-acceptance (RequestPlan.whole) promises one standard deviation down.
+acceptance (RequestPlan.whole) promises one standard deviation down, over as many tokens as recent
+requests that got as far ran on (Planner.expected_remaining; not all of max_tokens).
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -103,6 +105,7 @@ class RequestPlan:
     probe_gap: int = 2
     probed: bool = False  # its first probe ran
     saved_s: float = 0.0  # since then: measured seconds its speculative rounds saved over plain steps
+    cap: int = 0  # its max_tokens (0: unknown, Planner.expected_remaining is then `remaining`)
 
     def estimates(self) -> list[Acceptance]:
         """The request's acceptance estimates, which every observation updates alike."""
@@ -141,6 +144,8 @@ class Planner:
         self.tree_calib = (Calibration(0.05), Calibration(0.05))
         self._paid = [0.0, 0.0]  # recent requests' first probes: (discounted) paid off, all
         self.overhead_s = 0.0  # per round, besides forwards and drafting (EMA)
+        # recent requests' (tokens emitted, ended before their cap): how long requests run on
+        self.lengths: deque[tuple[int, bool]] = deque(maxlen=LENGTHS_KEPT)
 
     def new_request(self, max_tokens: int) -> RequestPlan:
         """A request starts from the workload's estimate, worth one round of its own evidence:
@@ -148,7 +153,7 @@ class Planner:
         previous ones (a summary after code edits) overrides it within a few rounds."""
         prior = self.workload.alpha()
         whole = None if self.draft is None else Acceptance(prior, self.whole_strength, self.whole_forget)
-        return RequestPlan(Acceptance(prior, strength=1.0), max_tokens, whole)
+        return RequestPlan(Acceptance(prior, strength=1.0), max_tokens, whole, cap=max_tokens)
 
     def draft_cost(self, d: int, behind: int = 1) -> float:
         """Seconds to draft d tokens: one forward feeding the `behind` tokens the draft model has
@@ -351,7 +356,20 @@ class Planner:
         plain decoding's, or under `--drafter auto` the request's rate so far without a model)."""
         if catch_up <= 0:
             return True
-        return chance * req.remaining * (1.0 / r_base - 1.0 / r_spec) > catch_up
+        return chance * self.expected_remaining(req) * (1.0 / r_base - 1.0 / r_spec) > catch_up
+
+    def expected_remaining(self, req: RequestPlan) -> float:
+        """Tokens the request is expected to emit from here, what a catch-up's saving is counted
+        over: the mean, over the recent requests that emitted more than it has so far, of what they
+        emitted beyond that (up to this request's room), with one request that runs to its cap as
+        the prior. A request cut at its own max_tokens counts as running to this one's cap (it had
+        not finished). Without such evidence (or `cap` unknown): all the room left."""
+        if req.cap <= 0:
+            return float(req.remaining)
+        n = req.cap - req.remaining
+        left = [req.remaining] + [min(length - n, req.remaining) if ended else req.remaining
+                                  for length, ended in self.lengths if length > n]
+        return sum(left) / len(left)
 
     def probes_pay(self) -> float:
         """Optimistic bound (mean + one sd, Beta(1, 1) prior) on the share of recent requests whose
@@ -363,8 +381,13 @@ class Planner:
         m = (self._paid[0] + 1) / (self._paid[1] + 2)
         return min(m + float(np.sqrt(m * (1 - m) / (self._paid[1] + 3))), 1.0)
 
-    def finish(self, req: RequestPlan) -> None:
-        """A request ended: record whether its first probe paid off."""
+    def finish(self, req: RequestPlan, length: int | None = None) -> None:
+        """A request ended: record its length (expected_remaining) and whether its first probe
+        paid off. `length`: the tokens it delivered, as counted against `cap` (default: what its
+        rounds emitted, which counts tokens past a stop string or EOS)."""
+        if req.cap > 0:
+            n = req.cap - req.remaining if length is None else length
+            self.lengths.append((n, n < req.cap))
         if req.probed:
             self._record_probe(float(req.saved_s > 0))
         else:
@@ -485,6 +508,9 @@ class Planner:
 
 
 # Policy defaults (docs/planner.md says how each was chosen).
+# Requests whose lengths a catch-up's expected saving is weighed by (Planner.expected_remaining):
+# a window, so a change of workload shows within it.
+LENGTHS_KEPT = 64
 # Acceptance before a request has been seen, per draft position: n-gram proposals are often wrong
 # at their first token and right after it; a same-family draft model is right more often than not.
 PRIORS = {"ngram": [0.4] + [0.75] * 15, "suffix": [0.4] + [0.75] * 15, "suffix-tree": [0.4] + [0.75] * 15,

@@ -150,7 +150,7 @@ class PlannedDraftLength:
     def begin(self, st) -> None:
         if st.req.num_draft_tokens is not None:
             return  # fixed by the request
-        st.policy = _Auto(self.planner.new_request(st.req.max_tokens))
+        st.policy = _Auto(self.planner.new_request(st.out.remaining - 1))  # the first token is committed next
         st.plans = []
         # the prediction covers the whole request, prefill included
         st.stats.predicted_s = st.stats.predicted_plain_s = st.stats.prefill_s
@@ -225,8 +225,8 @@ class PlannedDraftLength:
                                    parts=s.parts)
 
     def finish(self, st) -> None:
-        if st.policy is not None:
-            self.planner.finish(st.policy.req)
+        if st.policy is not None:  # its tokens after the first, as its cap counts them (begin)
+            self.planner.finish(st.policy.req, len(st.out.token_ids) - 1)
 
 
 @dataclass(slots=True)
@@ -272,7 +272,7 @@ class DrafterChoice:
     def begin(self, st) -> None:
         if st.req.num_draft_tokens is not None:
             return  # fixed by the request: FixedDraftLength.select's rule
-        st.policy = _Choice({n: p.new_request(st.req.max_tokens) for n, p in self.planners.items()})
+        st.policy = _Choice({n: p.new_request(st.out.remaining - 1) for n, p in self.planners.items()})  # as _Auto's
         st.plans = []
         st.stats.predicted_s = st.stats.predicted_plain_s = st.stats.prefill_s
 
@@ -386,8 +386,8 @@ class DrafterChoice:
 
     def finish(self, st) -> None:
         if st.policy is not None:
-            for name, p in self.planners.items():
-                p.finish(st.policy.reqs[name])
+            for name, p in self.planners.items():  # as _Auto's
+                p.finish(st.policy.reqs[name], len(st.out.token_ids) - 1)
 
 
 # The most draft tokens a round may verify. A cheap drafter's tokens cost nothing to draft, so its

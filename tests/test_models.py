@@ -75,12 +75,17 @@ def test_export_hf_writes_a_directory_transformers_loads_with_the_same_logits(tm
         export_hf("smollm2-135m", tmp_path / "x", dtype="int3")
 
 
-def test_drafter_auto_leaves_out_its_default_draft_model_for_a_target_of_another_family(capsys):
+def test_drafter_auto_leaves_out_its_default_draft_model_for_a_target_of_another_family(capsys, monkeypatch):
     """smollm2's vocabulary is not the default draft model's: on the defaults auto runs without the
-    model (with a note); a model member or draft model the user named is refused as for --drafter model."""
+    model (with a note), whose weights are never loaded (the vocabularies are checked first); a
+    model member or draft model the user named is refused as for --drafter model."""
+    import draftwise.build as build
+    loaded, load_runner = [], build.load_runner
+    monkeypatch.setattr(build, "load_runner", lambda spec, *a, **kw: loaded.append(spec) or load_runner(spec, *a, **kw))
     args = ["generate", "--target", "smollm2-135m", "--backend", "llama.cpp", "--prompt", "def add(a, b):",
             "--max-tokens", "6", "--drafter", "auto"]
     assert main(args) == 0
+    assert loaded and set(loaded) == {"smollm2-135m"}  # the target only (once per kernel set it compares)
     captured = capsys.readouterr()
     assert "leaving out the default draft model" in captured.err and "emitted_tokens" in captured.out
     assert main(args + ["--auto-members", "suffix,model,ngram"]) == 2

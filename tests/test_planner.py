@@ -257,8 +257,8 @@ def test_early_stopped_round_charges_the_dropped_tokens_forward():
         def observe_times(self, k, n_seqs, forward_s, d, behind, draft_s, overhead_s, parts=None):
             seen.append(d)
 
-        def finish(self, req):
-            finished.append(req.remaining)
+        def finish(self, req, length=None):
+            finished.append((req.remaining, length))
     seen, finished = [], []
     draft_runner = CycleRunner()
     pl = StopAfterTwo(curve(1.0), curve(0.1, first_ms=0.1), prior=0.95, max_draft=8, online=False)
@@ -269,7 +269,8 @@ def test_early_stopped_round_charges_the_dropped_tokens_forward():
     # giving the dropped token 3) and is charged 3; the last round (1 token, no stop) is charged 1
     assert [d for d in seen if d] == [3] * (len(proposed) - 1) + [proposed[-1]]
     assert sum(seen) == len(draft_runner.forwards)
-    assert finished == [1]  # the engine tells the planner the request ended (its first token came from prefill)
+    # the engine tells the planner the request ended, and its 29 tokens after the prefill's (its cap)
+    assert finished == [(0, 29)]
 
 
 def test_predicted_times_count_the_tokens_emitted_not_the_plans_expectation():
@@ -380,6 +381,7 @@ def test_first_probes_stop_once_they_keep_failing_to_pay():
         if p.probe:
             for _ in range(20):  # then speculation, 3 tokens a round
                 pl.commit(r, Plan(2, 1.0, 1.0), 0, 0, 3, round_s=spec_round_s)
+        pl.commit(r, Plan(0, 1.0, 1.0), 0, 0, r.remaining)  # it runs to max_tokens (expected_remaining)
         pl.finish(r)
         return p.probe
     pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0), look_first=0)
@@ -706,3 +708,35 @@ def test_plain_step_of_a_batch_size_is_measured_before_drafting_at_it():
     for _ in range(2 * MEASURE):
         pl.observe_times(3, 8, 0.5, d=2, behind=1, draft_s=0.0, overhead_s=0.0, parts=[(3, 8)])
     assert curve.plain_known(8) and not curve.plain_known(4) and curve.plain_known(1)
+
+
+def test_a_catch_up_is_weighed_by_how_long_recent_requests_ran_not_by_max_tokens():
+    draft = curve(per_token_ms=1.0, first_ms=2.0)  # a catch-up of 200 tokens costs ~200 ms
+    pl = planner(per_token_ms=0.5, prior=0.9, draft=draft, look_first=0)
+    fresh = pl.new_request(400)
+    assert pl.expected_remaining(fresh) == 400 and pl.plan(fresh, behind=200).d > 0  # nothing known yet
+    for _ in range(20):  # recent requests stopped (EOS) after 10 tokens
+        r = pl.new_request(400)
+        pl.commit(r, Plan(0, 1.0, 1.0), 0, 0, 10)
+        pl.finish(r)
+    fresh = pl.new_request(400)
+    assert pl.expected_remaining(fresh) == pytest.approx((400 + 20 * 10) / 21)  # the cap as one prior request
+    assert pl.plan(fresh, behind=200).d == 0  # ~29 tokens to save on: the catch-up cannot pay
+    late = pl.new_request(400)
+    pl.commit(late, Plan(0, 1.0, 1.0), 0, 0, 10)  # past where they all stopped: no evidence, all the room
+    assert pl.expected_remaining(late) == 390
+    for _ in range(20):  # requests cut at their max_tokens had not finished: they count as running on
+        r = pl.new_request(50)
+        pl.commit(r, Plan(0, 1.0, 1.0), 0, 0, 50)
+        pl.finish(r)
+    assert pl.expected_remaining(pl.new_request(400)) == pytest.approx((400 + 20 * 10 + 20 * 400) / 41)
+
+
+def test_the_planner_records_how_long_requests_ran_and_whether_max_tokens_cut_them():
+    pl = planner(per_token_ms=0.2, prior=0.5)
+    eng = Engine(CycleRunner(), CharTokenizer(), NgramDrafter(1, 3), "auto", planner=pl)
+    cut = eng.generate(PROMPT, max_tokens=40)
+    stopped = eng.generate(PROMPT, max_tokens=40, stop=["bcdeab"])  # the cycle is abcde: ends early
+    assert len(cut.token_ids) == 40 and stopped.finish_reason == "stop" and len(stopped.token_ids) < 40
+    # the tokens after the first (the prefill's), and whether the request ended before its cap
+    assert list(pl.lengths) == [(39, False), (len(stopped.token_ids) - 1, True)]

@@ -41,9 +41,10 @@ def load_tokenizer(src: ModelSource) -> Tokenizer:
 
 
 def load_torch(spec: str, device: str = "cpu", threads: int | None = None, max_context: int | None = None,
-               pack: str | None = None):
+               pack: str | None = None, tokenizer: Tokenizer | None = None):
     """(TorchRunner, Tokenizer) for a model spec; fp32 on CPU. pack: TorchRunner's packed-linear
-    mode ("off", "hybrid", "full", "onednn"; None or "single" chooses)."""
+    mode ("off", "hybrid", "full", "onednn"; None or "single" chooses). `tokenizer`: the model's,
+    already loaded (load_runner)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -56,15 +57,15 @@ def load_torch(spec: str, device: str = "cpu", threads: int | None = None, max_c
     dtype = torch.float32 if str(device) == "cpu" else torch.bfloat16
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
-    return TorchRunner(model, max_context=max_context, device=device, pack=pack), load_tokenizer(src)
+    return TorchRunner(model, max_context=max_context, device=device, pack=pack), tokenizer or load_tokenizer(src)
 
 
 def load_llama(spec: str, threads: int | None = None, n_ctx: int | None = None, n_batch: int | None = None,
                n_seq_max: int | None = None, device: str | None = None, fast_kernels: bool = False,
-               trees: bool = False):
+               trees: bool = False, tokenizer: Tokenizer | None = None):
     """(LlamaRunner, Tokenizer) for a GGUF model spec (packaged name or .gguf path).
     fast_kernels: llama.cpp's repacked-weight kernels, faster but not batch-invariant
-    (backends/llama_runner.py)."""
+    (backends/llama_runner.py). `tokenizer`: the model's, already loaded (load_runner)."""
     from draftwise.backends.llama_runner import LlamaRunner
 
     if device not in (None, "cpu"):
@@ -75,7 +76,7 @@ def load_llama(spec: str, threads: int | None = None, n_ctx: int | None = None, 
                          f"({src.path}); pass a .gguf file or a packaged name, or use the torch backend")
     runner = LlamaRunner(src.path, n_ctx=n_ctx, n_batch=n_batch or 512, n_seq_max=n_seq_max or (1 if trees else 4),
                          n_threads=threads, extra_bufts=fast_kernels, trees=trees)
-    return runner, load_tokenizer(src)
+    return runner, tokenizer or load_tokenizer(src)
 
 
 BACKENDS = ("torch", "llama.cpp")
@@ -102,11 +103,12 @@ def default_backend(spec: str, device: str | None = None) -> str:
 
 
 def load_runner(spec: str, backend: str = "torch", threads: int | None = None,
-                max_context: int | None = None, **backend_kw):
-    """(runner, tokenizer) for a model spec on the named backend."""
+                max_context: int | None = None, tokenizer: Tokenizer | None = None, **backend_kw):
+    """(runner, tokenizer) for a model spec on the named backend. `tokenizer`: the model's, when
+    the caller loaded it first (to check it before loading the weights); else it is loaded."""
     if backend == "torch":
         return load_torch(spec, device=torch_device(backend_kw.get("device")), threads=threads, max_context=max_context,
-                          pack=backend_kw.get("pack"))
+                          pack=backend_kw.get("pack"), tokenizer=tokenizer)
     if backend == "llama.cpp":
-        return load_llama(spec, threads=threads, n_ctx=max_context, **backend_kw)
+        return load_llama(spec, threads=threads, n_ctx=max_context, tokenizer=tokenizer, **backend_kw)
     raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
