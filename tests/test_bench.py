@@ -214,6 +214,9 @@ def test_build_engines_loads_target_and_draft_once(monkeypatch):
         return CycleRunner(), CharTokenizer()
 
     monkeypatch.setattr(draftwise.build, "load_runner", fake_load)
+    # the draft's vocabulary is checked before its weights load: its tokenizer, by name
+    monkeypatch.setattr(draftwise.build, "resolve", lambda spec: spec)
+    monkeypatch.setattr(draftwise.build, "load_tokenizer", lambda src: CharTokenizer())
     cfg = BenchConfig(target="t", draft_model="d", backend="torch", threads=3,
                       configs=("plain", "ngram:4", "model:2,4"))
     eng = build_engines(cfg)
