@@ -57,7 +57,8 @@ def load_torch(spec: str, device: str = "cpu", threads: int | None = None, max_c
     dtype = torch.float32 if str(device) == "cpu" else torch.bfloat16
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
-    return TorchRunner(model, max_context=max_context, device=device, pack=pack), tokenizer or load_tokenizer(src)
+    tok = tokenizer if tokenizer is not None else load_tokenizer(src)  # not `or`: a Tokenizer has a length
+    return TorchRunner(model, max_context=max_context, device=device, pack=pack), tok
 
 
 def load_llama(spec: str, threads: int | None = None, n_ctx: int | None = None, n_batch: int | None = None,
@@ -76,7 +77,7 @@ def load_llama(spec: str, threads: int | None = None, n_ctx: int | None = None, 
                          f"({src.path}); pass a .gguf file or a packaged name, or use the torch backend")
     runner = LlamaRunner(src.path, n_ctx=n_ctx, n_batch=n_batch or 512, n_seq_max=n_seq_max or (1 if trees else 4),
                          n_threads=threads, extra_bufts=fast_kernels, trees=trees)
-    return runner, tokenizer or load_tokenizer(src)
+    return runner, tokenizer if tokenizer is not None else load_tokenizer(src)
 
 
 BACKENDS = ("torch", "llama.cpp")
