@@ -106,6 +106,7 @@ class RequestPlan:
     probed: bool = False  # its first probe ran
     saved_s: float = 0.0  # since then: measured seconds its speculative rounds saved over plain steps
     cap: int = 0  # its max_tokens (0: unknown, Planner.expected_remaining is then `remaining`)
+    spent_s: float = 0.0  # its rounds' seconds so far as planned (a plain step's: 1 / plain_rate)
 
     def estimates(self) -> list[Acceptance]:
         """The request's acceptance estimates, which every observation updates alike."""
@@ -121,7 +122,7 @@ class Planner:
 
     def __init__(self, verify_curve: CostCurve, draft_curve: CostCurve | None = None,
                  prior: float | list[float] = 0.6, max_draft: int = 16, margin: float = 0.03,
-                 online: bool = True, prior_strength: float = 0.5, probe_max: int = 2, look_first: int = 3,
+                 online: bool = True, prior_strength: float = 0.5, probe_max: int = 2, look_first: int | None = None,
                  keep_margin: float | None = None, whole_forget: float = 0.97, whole_strength: float = 2.0,
                  whole_z: float = 1.0, risk: float = 0.0):
         if max_draft < 1:
@@ -129,7 +130,7 @@ class Planner:
         self.verify, self.draft = verify_curve, draft_curve
         self.max_draft, self.margin, self.online, self.probe_max = max_draft, margin, online, probe_max
         self.risk = risk  # extra margin per plain step a rejected round wastes (_best)
-        self.look_first = look_first  # at most this many plain steps before paying the prompt's catch-up (_look)
+        self.look_first = look_first  # a cap on the plain steps before paying the prompt's catch-up (_looks)
         # the margin a caught-up draft model must keep beating plain by (None: `margin`); lower
         # is hysteresis against paying a catch-up at each resume (off by default: docs/planner.md)
         self.keep_margin = keep_margin
@@ -205,8 +206,8 @@ class Planner:
             return plain
         catch_up = self._catch_up_s(behind)  # 0 unless a draft model fell behind
         r_base = r_plain if base_rate is None else max(r_plain, base_rate)  # what a catch-up must beat
-        if self.draft is not None and behind > 1 and not any(req.plans) and len(req.plans) < self._look(catch_up, r_plain):
-            return plain  # look first: see commit's target_top
+        if self.draft is not None and behind > 1 and not any(req.plans) and self._looks(req, catch_up, r_plain):
+            return plain  # rent before buying the prompt's catch-up: see _looks
         alpha, up = req.acceptance.alpha(), req.acceptance.upper()  # [max_draft] each, once per round
         going = self.draft is not None and bool(req.plans) and req.plans[-1] > 0  # caught up
         keep = self.margin if self.keep_margin is None else min(self.keep_margin, self.margin)
@@ -302,10 +303,17 @@ class Planner:
             return r_round
         return min(r_round, self._best(req.whole.lower(self.whole_z), t, r_plain, 0.0, 0.0)[1])
 
-    def _look(self, catch_up: float, r_plain: float) -> int:
-        """Plain steps a request looks at the target's confidence before its draft model pays the
-        prompt's catch-up (`catch_up` seconds): as many as it costs in plain steps, at most look_first."""
-        return min(self.look_first, int(catch_up * r_plain))
+    def _looks(self, req: RequestPlan, catch_up: float, r_plain: float) -> bool:
+        """Rent or buy: a request whose draft model has not drafted yet goes on without it (plain
+        steps, or under `--drafter auto` the other members' rounds, whose target confidence and
+        acceptance it learns from meanwhile) while one more plain step still fits in the prompt's
+        catch-up (`catch_up` seconds) after the seconds it has run (`spent_s`). So the catch-up is
+        paid, if at all, only once the request has run about as long as it costs: a request that
+        ends sooner never pays it (at most twice its time without the draft model), and one that
+        goes on loses at most the saving of those seconds. `look_first` caps the plain steps."""
+        if self.look_first is not None and len(req.plans) >= self.look_first:
+            return False
+        return req.spent_s + 1.0 / r_plain <= catch_up
 
     def _round_s(self, d: int, n_seqs: int) -> float:
         return self.draft_cost(d) + self.verify(d + 1, n_seqs) + self.overhead_s
@@ -422,6 +430,7 @@ class Planner:
                 calib.observe_nodes([steps[i] for i in reached], [float(i in on) for i in reached])
             req.plans.append(plan.d)
             req.remaining -= emitted
+            req.spent_s += plan.seconds or 1.0 / plan.plain_rate
             return
         if confidence:
             self.calib.observe(confidence, accepted, min(accepted + 1, proposed, len(confidence)))
@@ -433,6 +442,7 @@ class Planner:
                 shadow_top = self.target_calib(target_top[0])
         req.plans.append(plan.d)
         req.remaining -= emitted
+        req.spent_s += plan.seconds or 1.0 / plan.plain_rate
         if plan.probe:
             req.probed = True
             req.next_probe, req.probe_gap = len(req.plans) + req.probe_gap, 2 * req.probe_gap

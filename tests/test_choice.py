@@ -226,6 +226,30 @@ def test_a_models_catch_up_must_beat_the_rate_the_request_goes_at_not_a_plain_st
     assert "model" in {p.drafter for p in run(False).plans}  # against a plain step it would switch
 
 
+def test_a_models_prompt_catch_up_waits_until_the_request_has_run_as_long_as_it_costs():
+    """Rent or buy (Planner._looks): a 200-token prompt the draft model catches up on at 0.5 ms a
+    token (~100 ms, ten plain steps), next to a cheap member that is always wrong. The model,
+    believed right 9 times in 10, is not chosen while one more plain step still fits in its
+    catch-up after the seconds the request has run, the cheap member's rounds counted at their
+    planned seconds; then it is, and drafts to the end."""
+    prompt = [i % 5 for i in range(200)]
+    curve = CostCurve({1: [10.0 + 0.5 * k for k in range(17)]})
+    draft = CostCurve({1: [0.5 * k for k in range(1, 18)]})  # k tokens: 0.5 k ms (linear past 17)
+    model = ModelDrafter(CycleRunner())
+    planners = {"wrong": Planner(curve, None, prior=0.6, max_draft=8, online=False),
+                "model": Planner(curve, draft, prior=0.9, max_draft=8, online=False)}
+    r = Engine(CycleRunner(), CharTokenizer(), AutoDrafter({"wrong": Fixed("wrong", [9] * 8), "model": model}),
+               "auto", policy=DrafterChoice(planners, {"model": model})).generate(prompt, max_tokens=60)
+    assert r.token_ids == Engine(CycleRunner(), CharTokenizer()).generate(prompt, max_tokens=60).token_ids
+    chosen = [p.drafter for p in r.plans]
+    i = chosen.index("model")
+    assert "wrong" in chosen[:i] and set(chosen[i:-1]) == {"model"}
+    step_ms, spent = 10.0, [sum(p.predicted_ms for p in r.plans[:j]) for j in (i - 1, i)]
+    catch_up = [0.5 * (r.plans[i].behind - 1 - back) for back in (1, 0)]  # each step before emitted one token
+    assert spent[0] + step_ms <= catch_up[0] and spent[1] + step_ms > catch_up[1]  # looked, then bought
+    assert r.plans[i].behind >= 200
+
+
 def test_fixed_d_with_auto_drafter_takes_the_longest_proposal():
     pol = FixedDraftLength(3)
     cand = Proposal([], options={"a": Proposal([1]), "b": Proposal([4, 5, 6, 7])})

@@ -567,22 +567,27 @@ def test_auto_logs_each_steps_plan_and_predicted_time():
 
 def test_a_draft_model_looks_as_many_steps_as_the_prompts_catch_up_costs():
     # torch-like: a plain step costs 288 ms and the 0.5B's catch-up on a prompt of 41 tokens
-    # ~0.14 s, half a step: looking first would cost more than it can save (in replays of the torch
-    # run, QA 1.10x with three looks, 1.16x with none); on a 401-token prompt ~1.4 s: three looks
+    # ~0.14 s, half a step: no look; on 401 tokens ~1.4 s: four looks (rent or buy, _looks);
+    # on 854 tokens ~3 s: ten (a cap of three, the old rule, paid it after 0.9 s)
     target = CostCurve({1: [288, 304, 327, 400, 404, 410, 407, 439, 445, 435, 468, 463, 470, 467, 516, 481, 736]})
     draft = CostCurve({1: [99, 108, 125, 213, 212, 223, 246, 253, 255, 276, 281, 285, 305, 307, 316, 292, 311]},
                       (256, 889.0))
-    pl = Planner(target, draft, prior=0.9, max_draft=8, look_first=3)
-    r_plain = 1 / target(1)
-    assert [pl._look(pl._catch_up_s(n), r_plain) for n in (41, 120, 401)] == [0, 1, 3]
-    for prompt, looks in ((41, 0), (401, 3)):
+    pl = Planner(target, draft, prior=0.9, max_draft=8)
+    for prompt in (41, 120, 401, 854):
         req, behind, ds = pl.new_request(64), prompt, []
         while not any(ds):
             p = pl.plan(req, available=8, behind=behind)
             pl.commit(req, p, p.d, p.d, p.d + 1, [0.9] * p.d if p.d else None, target_top=[0.95] * max(p.d, 1))
             ds.append(p.d)
             behind += 1
-        assert ds[:-1] == [0] * looks and ds[-1] > 0
+        looks = int(pl._catch_up_s(behind - 1) / target(1))  # the plain steps that fit in its catch-up
+        assert ds[:-1] == [0] * looks and ds[-1] > 0, (prompt, ds)
+        assert looks == {41: 0, 120: 1, 401: 4, 854: 10}[prompt]
+    capped = Planner(target, draft, prior=0.9, max_draft=8, look_first=3)
+    req = capped.new_request(64)
+    assert capped._looks(req, 3.0, 1 / target(1)) and not capped._looks(req, 0.2, 1 / target(1))
+    req.plans = [0, 0, 0]
+    assert not capped._looks(req, 3.0, 1 / target(1))
 
 
 def test_a_run_of_confident_tokens_does_not_pay_a_catch_up_the_request_as_a_whole_would_not():
@@ -604,7 +609,8 @@ def test_a_run_of_confident_tokens_does_not_pay_a_catch_up_the_request_as_a_whol
         req, ds = pl.new_request(128), []
         while req.remaining > 1:
             ds.append(step(req, 121 if not any(ds) else 1, 0.99))
-    assert ds[:4] == [0, 0, 0, 15]  # looks, then it drafts
+    looks = int(pl._catch_up_s(121) / target(1))  # the plain steps that fit in the catch-up (_looks)
+    assert looks == 4 and ds[:5] == [0] * looks + [15]  # looks, then it drafts
     req, behind = pl.new_request(400), 60
     for top in [0.5] * 30 + [0.99] * 12:  # prose: a long stretch at ~0.5 acceptance, then a short run
         assert step(req, behind, top) == 0

@@ -202,17 +202,18 @@ def test_planner_policy_prices_draft_catch_up_and_stops_drafts_early():
     asked = []
     ms = [10.0 + 0.5 * k for k in range(8)]
     # a draft step costs 1 ms, but a catch-up of the 6-token prompt (7+ tokens) 40 ms, four plain
-    # steps: worth three looks first
+    # steps, and ~6 ms more for each token it waits (the curve extrapolated): it looks while one
+    # more plain step fits in the catch-up (Planner._looks), six times
     pl = StopAfterTwo(CostCurve({1: ms, 4: [4 * m for m in ms]}), CostCurve({1: [1.0] * 6 + [40.0, 41.0]}),
                       prior=0.95, max_draft=6, online=False)
     drafter = ModelDrafter(CycleRunner(period=16))
     policy = PlannedDraftLength(pl, drafter)
     sched = Scheduler(CycleRunner(period=16), CharTokenizer(), drafter, policy)
-    r = run_all(sched, PROMPTS[:1], max_tokens=20)[0].result
+    r = run_all(sched, PROMPTS[:1], max_tokens=30)[0].result
     n = len(PROMPTS[0])  # the draft model has not seen the prompt: a catch-up to price, after the
-    assert asked[:4] == [n + 1, n + 2, n + 3, n + 4]  # plain steps that look at the target's confidence
-    assert asked[4:] == [1] * (len(asked) - 4)  # then it follows every round (each drafted)
-    assert r.stats.verification_rounds >= 4 and max(p for _, p, *_ in r.rounds) == 2  # stopped at token 2
+    assert asked[:7] == [n + 1 + i for i in range(7)]  # plain steps that look at the target's confidence
+    assert asked[7:] == [1] * (len(asked) - 7)  # then it follows every round (each drafted)
+    assert r.stats.verification_rounds >= 3 and max(p for _, p, *_ in r.rounds) == 2  # stopped at token 2
     assert r.stats.accepted_draft_tokens == r.stats.proposed_tokens
 
 
