@@ -31,6 +31,14 @@ answers short (Spec-Bench rag), time per emitted token measures mostly the prefi
 that ends earlier or later at a near-tie moves it more than the drafting does.
 
     .venv/bin/python benchmarks/report_planner.py results/suffix_rag_llama --decode
+
+`--members` prints, per category, what `--drafter auto` (configurations `auto:*`) chose: its
+drafted rounds and how many each member drafted, and its prompt catch-ups: the requests whose
+member with a model (draft model, head) drafted at all, each first reading the whole prompt and
+the output so far in one round (that round's measured seconds, least to most; the request's
+`plans` rows).
+
+    .venv/bin/python benchmarks/report_planner.py results/auto_torch10 --members
 """
 from __future__ import annotations
 
@@ -217,6 +225,29 @@ def decode_only(run: str) -> None:
               f"| {share:.2f} | {e2e:.3f} | {ci} |")
 
 
+def members(run: str) -> None:
+    """`--drafter auto`'s rounds per member and prompt catch-ups, per category (from `plans`:
+    [d, proposed, behind, predicted ms, measured ms, draft ms per token, member])."""
+    by = defaultdict(list)  # (config, category) -> requests
+    for r in _requests(run):
+        if r["config"].startswith("auto:") and r["concurrency"] == 1 and r.get("plans"):
+            by[r["config"], r["category"]].append(r)
+            by[r["config"], "all"].append(r)
+    print("| config | category | requests | drafted rounds | by member | prompt catch-ups | their rounds' s |\n"
+          "|---|---|---|---|---|---|---|")
+    for (config, cat), reqs in sorted(by.items()):
+        rounds = [p for r in reqs for p in r["plans"] if p[0] > 0]
+        per = defaultdict(int)
+        for p in rounds:
+            per[p[6]] += 1
+        firsts = [next(p for p in r["plans"] if p[0] > 0 and p[2] > 0) for r in reqs
+                  if any(p[0] > 0 and p[2] > 0 for p in r["plans"])]  # a model's first round
+        secs = sorted(p[4] / 1e3 for p in firsts)
+        span = f"{secs[0]:.1f}–{secs[-1]:.1f}" if secs else "-"
+        print(f"| {config} | {cat} | {len(reqs)} | {len(rounds)} | "
+              f"{', '.join(f'{m} {n}' for m, n in sorted(per.items()))} | {len(firsts)} | {span} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", help="a `draftwise bench` results directory")
@@ -224,8 +255,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", metavar="DRAFTER", help="print where the time went for plain and DRAFTER (ngram, model)")
     ap.add_argument("--decode", action="store_true",
                     help="speedups on the outputs identical to plain, end to end and after the first token")
+    ap.add_argument("--members", action="store_true", help="--drafter auto's rounds per member and prompt catch-ups")
     a = ap.parse_args(argv)
-    if a.decode:
+    if a.members:
+        members(a.run)
+    elif a.decode:
         decode_only(a.run)
     else:
         step_costs(a.run, a.steps) if a.steps else report(a.run, a.fixed_from)

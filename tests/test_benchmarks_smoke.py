@@ -130,6 +130,24 @@ def test_report_planner_and_step_costs(planner_run, capsys):
     assert all(r[1] == f"{n} of {n}" and 0.0 < float(r[3]) < 1.0 and float(r[4]) > 0 for r in rows.values())
 
 
+def test_report_planner_members_counts_auto_rounds_and_prompt_catch_ups(monkeypatch, capsys):
+    report = driver("report_planner")
+    # plans rows: [d, proposed, behind, predicted ms, measured ms, draft ms, member]
+    a = [[0, 0, 0, 10, 10, 0, "none"], [3, 3, 0, 20, 21, 0, "suffix"], [2, 2, 300, 2000, 2500, 5, "model"],
+         [2, 2, 2, 30, 31, 5, "model"]]
+    b = [[4, 4, 0, 20, 22, 0, "suffix"], [0, 0, 0, 10, 10, 0, "none"]]
+    c = [[2, 1, 40, 400, 700, 5, "model"]]
+    reqs = [{"config": "auto:auto", "concurrency": 1, "category": cat, "plans": plans}
+            for cat, plans in (("rag", a), ("rag", b), ("qa", c))]
+    reqs.append({"config": "suffix:auto", "concurrency": 1, "category": "rag", "plans": b})  # not auto's
+    monkeypatch.setattr(report, "_requests", lambda path: reqs)
+    report.main(["run", "--members"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:] == ["| auto:auto | all | 3 | 5 | model 3, suffix 2 | 2 | 0.7–2.5 |",
+                         "| auto:auto | qa | 1 | 1 | model 1 | 1 | 0.7–0.7 |",
+                         "| auto:auto | rag | 2 | 4 | model 2, suffix 2 | 1 | 2.5–2.5 |"]
+
+
 def test_trace_agreement_and_replay(planner_run, profiles, tmp_path, capsys):
     traces = tmp_path / "traces.jsonl"
     driver("trace_agreement").write_traces(str(planner_run), str(traces), CycleRunner(), CycleRunner(),
