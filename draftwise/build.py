@@ -202,6 +202,24 @@ def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_run
     return ModelDrafter(draft_runner)
 
 
+def load_shared(spec: EngineSpec, tokenizer, target, named: set[str]) -> dict:
+    """The runner of each drafter with a model ("model", "head") that the drafters a run's
+    configurations name (`named`, auto's members included) use, loaded once for all of them.
+    auto's default draft model on a target of another family is left out, as load_drafter leaves
+    it out of auto, unless a configuration names "model" itself."""
+    uses = named | (set(spec.auto_members) if "auto" in named else set())
+    out = {}
+    for k in ("model", "head"):
+        if k not in uses:
+            continue
+        try:
+            out[k] = load_drafter(spec, tokenizer, k, target=target).runner
+        except VocabularyMismatch:
+            if k != "model" or "model" in named or not _default_model_member(spec):
+                raise
+    return out
+
+
 def _default_model_member(spec: EngineSpec) -> bool:
     """Is auto's draft model there by default only (the default members and draft model)?"""
     return spec.auto_members == AUTO_MEMBERS and spec.draft_model == DEFAULT_DRAFT

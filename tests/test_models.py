@@ -90,3 +90,18 @@ def test_drafter_auto_leaves_out_its_default_draft_model_for_a_target_of_another
     assert "leaving out the default draft model" in captured.err and "emitted_tokens" in captured.out
     assert main(args + ["--auto-members", "suffix,model,ngram"]) == 2
     assert "different token lists" in capsys.readouterr().err
+
+
+def test_bench_with_drafter_auto_leaves_out_its_default_draft_model_for_a_target_of_another_family(capsys):
+    """The bench loads the draft model once for every configuration (build.load_shared): auto's
+    default model on smollm2 is left out there too, not refused; a configuration that names the
+    model is refused."""
+    from draftwise.bench.config import BenchConfig
+    from draftwise.bench.engines import build_engines
+
+    cfg = BenchConfig(target="smollm2-135m", backend="llama.cpp", configs=("plain", "auto:auto"))
+    engines = build_engines(cfg)
+    assert set(engines["auto:auto"].drafter.members) == {"suffix"}
+    assert "leaving out the default draft model" in capsys.readouterr().err
+    with pytest.raises(VocabularyMismatch):
+        build_engines(BenchConfig(target="smollm2-135m", backend="llama.cpp", configs=("plain", "auto:auto", "model:2")))

@@ -35,15 +35,13 @@ def build_targets(cfg: BenchConfig, engines: dict[str, Engine] | None = None, to
 def build_engines(cfg: BenchConfig) -> dict[str, Engine]:
     """Load the target once, and the draft model once if any configuration drafts with it, through
     the one loading path (draftwise.build), so backends, kernels and the vocabulary check are the CLI's."""
-    from draftwise.build import load_drafter, load_target
+    from draftwise.build import load_drafter, load_shared, load_target
     from draftwise.policy import make_policy
 
     spec = cfg.engine_spec()
     runner, tok = load_target(spec)
     run_cfgs = cfg.run_configs()
-    uses = {c.drafter for c in run_cfgs} | (set(spec.auto_members) if any(c.drafter == "auto" for c in run_cfgs) else set())
-    shared = {k: load_drafter(spec, tok, k, target=runner).runner  # the draft model / head, loaded once
-              for k in ("model", "head") if k in uses}
+    shared = load_shared(spec, tok, runner, {c.drafter for c in run_cfgs})  # the draft model / head, loaded once
     out = {}
     for c in run_cfgs:  # one drafter per engine (its own request state) over the one draft runner
         drafter = load_drafter(spec, tok, c.drafter, shared.get(c.drafter), target=runner, shared=shared)
