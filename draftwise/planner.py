@@ -307,9 +307,10 @@ class Planner:
         """Rent or buy: a request whose draft model has not drafted yet goes on without it (plain
         steps, or under `--drafter auto` the other members' rounds, whose target confidence and
         acceptance it learns from meanwhile) while one more plain step still fits in the prompt's
-        catch-up (`catch_up` seconds) after the seconds it has run (`spent_s`). So the catch-up is
-        paid, if at all, only once the request has run about as long as it costs: a request that
-        ends sooner never pays it (at most twice its time without the draft model), and one that
+        catch-up (`catch_up` seconds) after the seconds it has run (`spent_s`: decoding, not the
+        prefill). So the catch-up is paid, if at all, only once the request has run about as long
+        as it costs: a request that ends before that never pays it, one that pays it and then
+        gains nothing runs at most about twice as long as without the draft model, and one that
         goes on loses at most the saving of those seconds. `look_first` caps the plain steps."""
         if self.look_first is not None and len(req.plans) >= self.look_first:
             return False
