@@ -45,10 +45,11 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from draftwise.bench.results import Results
 from draftwise.bench.summary import bootstrap_ratio, summarise
+from draftwise.request import PlanStep
 
 
 def _ci(r) -> str:
@@ -226,26 +227,23 @@ def decode_only(run: str) -> None:
 
 
 def members(run: str) -> None:
-    """`--drafter auto`'s rounds per member and prompt catch-ups, per category (from `plans`:
-    [d, proposed, behind, predicted ms, measured ms, draft ms per token, member])."""
-    by = defaultdict(list)  # (config, category) -> requests
+    """`--drafter auto`'s rounds per member and prompt catch-ups, per category (from `plans`)."""
+    by = defaultdict(list)  # (config, category) -> each request's drafted rounds
     for r in _requests(run):
         if r["config"].startswith("auto:") and r["concurrency"] == 1 and r.get("plans"):
-            by[r["config"], r["category"]].append(r)
-            by[r["config"], "all"].append(r)
+            rounds = [p for p in map(PlanStep._make, r["plans"]) if p.planned > 0]
+            by[r["config"], r["category"]].append(rounds)
+            by[r["config"], "all"].append(rounds)
     print("| config | category | requests | drafted rounds | by member | prompt catch-ups | their rounds' s |\n"
           "|---|---|---|---|---|---|---|")
     for (config, cat), reqs in sorted(by.items()):
-        rounds = [p for r in reqs for p in r["plans"] if p[0] > 0]
-        per = defaultdict(int)
-        for p in rounds:
-            per[p[6]] += 1
-        firsts = [next(p for p in r["plans"] if p[0] > 0 and p[2] > 0) for r in reqs
-                  if any(p[0] > 0 and p[2] > 0 for p in r["plans"])]  # a model's first round
-        secs = sorted(p[4] / 1e3 for p in firsts)
+        per = Counter(p.drafter for rounds in reqs for p in rounds)
+        # a member with a model catches up (behind > 0) on the prompt at its first round
+        secs = sorted(next(p for p in rounds if p.behind > 0).measured_ms / 1e3
+                      for rounds in reqs if any(p.behind > 0 for p in rounds))
         span = f"{secs[0]:.1f}–{secs[-1]:.1f}" if secs else "-"
-        print(f"| {config} | {cat} | {len(reqs)} | {len(rounds)} | "
-              f"{', '.join(f'{m} {n}' for m, n in sorted(per.items()))} | {len(firsts)} | {span} |")
+        print(f"| {config} | {cat} | {len(reqs)} | {sum(per.values())} | "
+              f"{', '.join(f'{m} {n}' for m, n in sorted(per.items()))} | {len(secs)} | {span} |")
 
 
 def main(argv: list[str] | None = None) -> None:

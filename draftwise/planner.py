@@ -156,6 +156,16 @@ class Planner:
         whole = None if self.draft is None else Acceptance(prior, self.whole_strength, self.whole_forget)
         return RequestPlan(Acceptance(prior, strength=1.0), max_tokens, whole, cap=max_tokens)
 
+    def open_request(self, max_tokens: int) -> RequestPlan:
+        """A request as the engine runs it: its prefill emits the first token before any round is
+        planned, so its plan counts the max_tokens - 1 tokens after that one (close_request)."""
+        return self.new_request(max_tokens - 1)
+
+    def close_request(self, req: RequestPlan, delivered: int) -> None:
+        """A request opened with open_request ended, having delivered `delivered` tokens in all
+        (the prefill's included)."""
+        self.finish(req, delivered - 1)
+
     def draft_cost(self, d: int, behind: int = 1) -> float:
         """Seconds to draft d tokens: one forward feeding the `behind` tokens the draft model has
         not seen, then one forward per further token; a cheap drafter's measured call time."""
@@ -424,14 +434,14 @@ class Planner:
         (draftwise.policy.tree_steps): every node the verification reached (its parent accepted)
         calibrates tree_calib, P(accepted | reached, step); the chain's estimates, per position, do
         not describe a tree and are left alone."""
+        req.plans.append(plan.d)
+        req.remaining -= emitted
+        req.spent_s += plan.seconds or 1.0 / plan.plain_rate
         if path is not None:
             on, steps = set(path), confidence or []
             for deep, calib in enumerate(self.tree_calib):
                 reached = [i for i, q in enumerate(parents or []) if (q >= 0) == bool(deep) and (q < 0 or q in on)]
                 calib.observe_nodes([steps[i] for i in reached], [float(i in on) for i in reached])
-            req.plans.append(plan.d)
-            req.remaining -= emitted
-            req.spent_s += plan.seconds or 1.0 / plan.plain_rate
             return
         if confidence:
             self.calib.observe(confidence, accepted, min(accepted + 1, proposed, len(confidence)))
@@ -441,9 +451,6 @@ class Planner:
                 self.target_calib.observe(target_top, accepted, min(accepted + 1, proposed, len(target_top)))
             else:
                 shadow_top = self.target_calib(target_top[0])
-        req.plans.append(plan.d)
-        req.remaining -= emitted
-        req.spent_s += plan.seconds or 1.0 / plan.plain_rate
         if plan.probe:
             req.probed = True
             req.next_probe, req.probe_gap = len(req.plans) + req.probe_gap, 2 * req.probe_gap

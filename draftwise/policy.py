@@ -150,7 +150,7 @@ class PlannedDraftLength:
     def begin(self, st) -> None:
         if st.req.num_draft_tokens is not None:
             return  # fixed by the request
-        st.policy = _Auto(self.planner.new_request(st.out.remaining - 1))  # the first token is committed next
+        st.policy = _Auto(self.planner.open_request(st.out.remaining))  # the first token is committed next
         st.plans = []
         # the prediction covers the whole request, prefill included
         st.stats.predicted_s = st.stats.predicted_plain_s = st.stats.prefill_s
@@ -226,7 +226,7 @@ class PlannedDraftLength:
 
     def finish(self, st) -> None:
         if st.policy is not None:  # its tokens after the first, as its cap counts them (begin)
-            self.planner.finish(st.policy.req, len(st.out.token_ids) - 1)
+            self.planner.close_request(st.policy.req, len(st.out.token_ids))
 
 
 @dataclass(slots=True)
@@ -272,7 +272,7 @@ class DrafterChoice:
     def begin(self, st) -> None:
         if st.req.num_draft_tokens is not None:
             return  # fixed by the request: FixedDraftLength.select's rule
-        st.policy = _Choice({n: p.new_request(st.out.remaining - 1) for n, p in self.planners.items()})  # as _Auto's
+        st.policy = _Choice({n: p.open_request(st.out.remaining) for n, p in self.planners.items()})  # as _Auto's
         st.plans = []
         st.stats.predicted_s = st.stats.predicted_plain_s = st.stats.prefill_s
 
@@ -387,7 +387,7 @@ class DrafterChoice:
     def finish(self, st) -> None:
         if st.policy is not None:
             for name, p in self.planners.items():  # as _Auto's
-                p.finish(st.policy.reqs[name], len(st.out.token_ids) - 1)
+                p.close_request(st.policy.reqs[name], len(st.out.token_ids))
 
 
 # The most draft tokens a round may verify. A cheap drafter's tokens cost nothing to draft, so its

@@ -25,7 +25,7 @@ def replay(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128) ->
     out, n, L0 = tr["tokens"], len(tr["tokens"]), tr["prompt_tokens"]
     secs = planner.verify.raw(L0)
     t, fed = 1, 0  # tokens emitted (the first by the prefill); context tokens in the draft KV
-    req = planner.new_request(max_tokens - 1) if not fixed else None  # as the engine's: after the first token
+    req = planner.open_request(max_tokens) if not fixed else None  # as the engine's
     c = defaultdict(int)
     while t < n:
         L, room = L0 + t, n - t - 1
@@ -63,7 +63,7 @@ def replay(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128) ->
         c["catch_up"] += behind > 2 and forwards > 0  # more than a fully accepted round leaves
         t += emitted
     if req is not None:
-        planner.finish(req, n - 1)
+        planner.close_request(req, n)
     return secs, dict(c)
 
 
@@ -79,7 +79,7 @@ def replay_cheap(tr: dict, planner: Planner, drafter, fixed: int = 0, max_tokens
     out, n, L0 = tr["tokens"], len(tr["tokens"]), tr["prompt_tokens"]
     ctx = tr["prompt_ids"] + out
     secs, t, c = planner.verify.raw(L0), 1, defaultdict(int)
-    req = planner.new_request(max_tokens - 1) if not fixed and not oracle else None  # as replay()'s
+    req = planner.open_request(max_tokens) if not fixed and not oracle else None
     while t < n:
         room = n - t - 1
         want = min(fixed, room) if fixed else min(planner.max_draft, room)
@@ -103,7 +103,7 @@ def replay_cheap(tr: dict, planner: Planner, drafter, fixed: int = 0, max_tokens
         t += emitted
     drafter.release(key, ctx)  # the whole output, as the engine releases it
     if req is not None:
-        planner.finish(req, n - 1)
+        planner.close_request(req, n)
     return secs, dict(c)
 
 
