@@ -106,7 +106,10 @@ class RequestPlan:
     probed: bool = False  # its first probe ran
     saved_s: float = 0.0  # since then: measured seconds its speculative rounds saved over plain steps
     cap: int = 0  # its max_tokens (0: unknown, Planner.expected_remaining is then `remaining`)
-    spent_s: float = 0.0  # its rounds' seconds so far as planned (a plain step's: 1 / plain_rate)
+    # before its draft model first drafts (Planner._looks): the model's planned rate on the
+    # request's current estimate (0: it would not pay), and the seconds it would have saved so far
+    model_rate: float = 0.0
+    forgone_s: float = 0.0
 
     def estimates(self) -> list[Acceptance]:
         """The request's acceptance estimates, which every observation updates alike."""
@@ -216,8 +219,11 @@ class Planner:
             return plain
         catch_up = self._catch_up_s(behind)  # 0 unless a draft model fell behind
         r_base = r_plain if base_rate is None else max(r_plain, base_rate)  # what a catch-up must beat
-        if self.draft is not None and behind > 1 and not any(req.plans) and self._looks(req, catch_up, r_plain):
-            return plain  # rent before buying the prompt's catch-up: see _looks
+        if self.draft is not None and behind > 1 and not any(req.plans):
+            d_m, r_m = self._best(req.acceptance.alpha(), t, r_plain, 0.0, 0.0)
+            req.model_rate = r_m if d_m > 0 else 0.0  # what a round without the model forgoes (commit)
+            if self._looks(req, catch_up, r_plain):
+                return plain  # rent before buying the prompt's catch-up: see _looks
         alpha, up = req.acceptance.alpha(), req.acceptance.upper()  # [max_draft] each, once per round
         going = self.draft is not None and bool(req.plans) and req.plans[-1] > 0  # caught up
         keep = self.margin if self.keep_margin is None else min(self.keep_margin, self.margin)
@@ -316,15 +322,19 @@ class Planner:
     def _looks(self, req: RequestPlan, catch_up: float, r_plain: float) -> bool:
         """Rent or buy: a request whose draft model has not drafted yet goes on without it (plain
         steps, or under `--drafter auto` the other members' rounds, whose target confidence and
-        acceptance it learns from meanwhile) while one more plain step still fits in the prompt's
-        catch-up (`catch_up` seconds) after the seconds it has run (`spent_s`: decoding, not the
-        prefill). So the catch-up is paid, if at all, only once the request has run about as long
-        as it costs: a request that ends before that never pays it, one that pays it and then
-        gains nothing runs at most about twice as long as without the draft model, and one that
-        goes on loses at most the saving of those seconds. `look_first` caps the plain steps."""
+        acceptance it learns from meanwhile) while the seconds the model would have saved on those
+        rounds (`forgone_s`: each round's planned seconds minus its tokens at the model's planned
+        rate on the request's estimate then, commit), one more plain step's included, still fit in
+        the prompt's catch-up (`catch_up` seconds). So the catch-up is paid only once going on
+        without the model has cost about as much as buying it would: a request that ends before
+        never pays it, and one that pays it and then gains nothing loses at most about twice what
+        the better choice in hindsight would have (the ski-rental bound). Rounds as fast as the
+        model forgo nothing, so a request another member serves well keeps that member, and one
+        the model would not speed up never pays. `look_first` caps the rounds without it."""
         if self.look_first is not None and len(req.plans) >= self.look_first:
             return False
-        return req.spent_s + 1.0 / r_plain <= catch_up
+        step = max(0.0, 1.0 / r_plain - 1.0 / req.model_rate) if req.model_rate > 0 else 0.0
+        return req.forgone_s + step <= catch_up
 
     def _round_s(self, d: int, n_seqs: int) -> float:
         return self.draft_cost(d) + self.verify(d + 1, n_seqs) + self.overhead_s
@@ -434,9 +444,11 @@ class Planner:
         (draftwise.policy.tree_steps): every node the verification reached (its parent accepted)
         calibrates tree_calib, P(accepted | reached, step); the chain's estimates, per position, do
         not describe a tree and are left alone."""
+        if self.draft is not None and plan.d == 0 and req.model_rate > 0 and not any(req.plans):
+            seconds = plan.seconds or 1.0 / plan.plain_rate  # the round's, as planned
+            req.forgone_s += max(0.0, seconds - emitted / req.model_rate)  # _looks
         req.plans.append(plan.d)
         req.remaining -= emitted
-        req.spent_s += plan.seconds or 1.0 / plan.plain_rate
         if path is not None:
             on, steps = set(path), confidence or []
             for deep, calib in enumerate(self.tree_calib):

@@ -350,7 +350,7 @@ class DrafterChoice:
                 planner.commit(req, c.plan, len(prop.tokens), res.num_accepted, emitted, prop.confidence,
                                prop.stop_confidence, o.round_s, top)
                 continue
-            plain = Plan(0, c.plan.plain_rate, c.plan.plain_rate, seconds=c.plan.seconds)  # the round's seconds (spent_s)
+            plain = Plan(0, c.plan.plain_rate, c.plan.plain_rate, seconds=c.plan.seconds)  # the round's seconds (forgone_s)
             planner.commit(req, plain, 0, 0, emitted, target_top=sat_out_top if name in self.dear else None)
             other = c.unverified.get(name)
             if other is None:

@@ -207,8 +207,8 @@ def test_a_models_catch_up_must_beat_the_rate_the_request_goes_at_not_a_plain_st
     def run(base_rate_seen: bool):
         model = ModelDrafter(CycleRunner())
         planners = {"two": Planner(curve, None, prior=0.9, max_draft=8, online=False),
-                    "model": Planner(curve, draft, prior=0.9, max_draft=8, online=False)}
-        pol = DrafterChoice(planners, {"model": model})
+                    "model": Planner(curve, draft, prior=0.9, max_draft=8, online=False, look_first=3)}
+        pol = DrafterChoice(planners, {"model": model})  # (three looks, then the catch-up priced)
         if not base_rate_seen:  # the rule before: a catch-up counted against a plain step
             plan = planners["model"].plan
             planners["model"].plan = lambda *a, base_rate=None, **k: plan(*a, **k)
@@ -226,28 +226,38 @@ def test_a_models_catch_up_must_beat_the_rate_the_request_goes_at_not_a_plain_st
     assert "model" in {p.drafter for p in run(False).plans}  # against a plain step it would switch
 
 
-def test_a_models_prompt_catch_up_waits_until_the_request_has_run_as_long_as_it_costs():
+def test_a_models_prompt_catch_up_waits_until_the_saving_forgone_reaches_its_cost():
     """Rent or buy (Planner._looks): a 200-token prompt the draft model catches up on at 0.5 ms a
-    token (~100 ms, ten plain steps), next to a cheap member that is always wrong. The model,
-    believed right 9 times in 10, is not chosen while one more plain step still fits in its
-    catch-up after the seconds the request has run, the cheap member's rounds counted at their
-    planned seconds; then it is, and drafts to the end."""
+    token (~100 ms, ten plain steps), next to a cheap member that is always wrong (a round of
+    ~11 ms that emits one token). The model, believed right 9 times in 10 (~3 ms a token), is not
+    chosen while the seconds it would have saved on the cheap member's rounds so far (each
+    round's planned seconds less one token at the model's rate), one more plain step's included,
+    fit in its catch-up; then it is, and drafts to the end."""
     prompt = [i % 5 for i in range(200)]
     curve = CostCurve({1: [10.0 + 0.5 * k for k in range(17)]})
     draft = CostCurve({1: [0.5 * k for k in range(1, 18)]})  # k tokens: 0.5 k ms (linear past 17)
+    looked = []
+
+    class Looking(Planner):
+        def _looks(self, req, catch_up, r_plain):
+            looks = super()._looks(req, catch_up, r_plain)
+            looked.append((req.forgone_s, 1 / r_plain - 1 / req.model_rate, catch_up, looks))
+            return looks
     model = ModelDrafter(CycleRunner())
     planners = {"wrong": Planner(curve, None, prior=0.6, max_draft=8, online=False),
-                "model": Planner(curve, draft, prior=0.9, max_draft=8, online=False)}
+                "model": Looking(curve, draft, prior=0.9, max_draft=8, online=False)}
     r = Engine(CycleRunner(), CharTokenizer(), AutoDrafter({"wrong": Fixed("wrong", [9] * 8), "model": model}),
                "auto", policy=DrafterChoice(planners, {"model": model})).generate(prompt, max_tokens=60)
     assert r.token_ids == Engine(CycleRunner(), CharTokenizer()).generate(prompt, max_tokens=60).token_ids
     chosen = [p.drafter for p in r.plans]
     i = chosen.index("model")
-    assert "wrong" in chosen[:i] and set(chosen[i:-1]) == {"model"}
-    step_ms, spent = 10.0, [sum(p.predicted_ms for p in r.plans[:j]) for j in (i - 1, i)]
-    catch_up = [0.5 * (r.plans[i].behind - 1 - back) for back in (1, 0)]  # each step before emitted one token
-    assert spent[0] + step_ms <= catch_up[0] and spent[1] + step_ms > catch_up[1]  # looked, then bought
-    assert r.plans[i].behind >= 200
+    assert set(chosen[:i]) == {"wrong"} and set(chosen[i:-1]) == {"model"}
+    assert [looks for *_, looks in looked] == [True] * i + [False]  # looked, then bought
+    for (forgone, step, catch_up, looks), p in zip(looked, r.plans):
+        assert (forgone + step <= catch_up) == looks and 0.005 < step < 0.008  # s: 10 ms less ~3 ms a token
+    for (before, *_), (after, *_), p in zip(looked, looked[1:], r.plans):  # one token a round
+        assert after - before == pytest.approx(p.predicted_ms / 1e3 - (10e-3 - looked[0][1]), abs=1e-3)
+    assert 100e-3 < looked[-1][2] < 110e-3 and i >= 10 and r.plans[i].behind >= 200
 
 
 def test_fixed_d_with_auto_drafter_takes_the_longest_proposal():

@@ -565,27 +565,34 @@ def test_auto_logs_each_steps_plan_and_predicted_time():
     assert Engine(CycleRunner(), CharTokenizer(), ModelDrafter(CycleRunner()), 2).generate(PROMPT, max_tokens=5).plans is None
 
 
-def test_a_draft_model_looks_as_many_steps_as_the_prompts_catch_up_costs():
-    # torch-like: a plain step costs 288 ms and the 0.5B's catch-up on a prompt of 41 tokens
-    # ~0.14 s, half a step: no look; on 401 tokens ~1.4 s: four looks (rent or buy, _looks);
-    # on 854 tokens ~3 s: ten (a cap of three, the old rule, paid it after 0.9 s)
+def test_a_draft_model_looks_until_the_saving_it_forgoes_reaches_the_prompts_catch_up():
+    # torch-like: a plain step costs 288 ms and the 0.5B model, believed right 9 times in 10, would
+    # emit a token every ~140 ms, so each plain step forgoes ~0.15 s (rent or buy, _looks). Its
+    # catch-up on a prompt of 41 tokens costs ~0.27 s: two looks; on 401 tokens ~1.3 s: eight; on
+    # 854 tokens ~2.9 s: nineteen (a rule on the seconds run, not the saving, paid it after ten)
     target = CostCurve({1: [288, 304, 327, 400, 404, 410, 407, 439, 445, 435, 468, 463, 470, 467, 516, 481, 736]})
     draft = CostCurve({1: [99, 108, 125, 213, 212, 223, 246, 253, 255, 276, 281, 285, 305, 307, 316, 292, 311]},
                       (256, 889.0))
     pl = Planner(target, draft, prior=0.9, max_draft=8)
     for prompt in (41, 120, 401, 854):
-        req, behind, ds = pl.new_request(64), prompt, []
+        req, behind, ds, forgone = pl.new_request(64), prompt, [], []
         while not any(ds):
             p = pl.plan(req, available=8, behind=behind)
+            forgone.append(req.forgone_s)
+            assert req.model_rate > 1 / target(1)  # the model would pay on this estimate
             pl.commit(req, p, p.d, p.d, p.d + 1, [0.9] * p.d if p.d else None, target_top=[0.95] * max(p.d, 1))
             ds.append(p.d)
             behind += 1
-        looks = int(pl._catch_up_s(behind - 1) / target(1))  # the plain steps that fit in its catch-up
+        looks, catch_up = len(ds) - 1, pl._catch_up_s(behind - 1)
         assert ds[:-1] == [0] * looks and ds[-1] > 0, (prompt, ds)
-        assert looks == {41: 0, 120: 1, 401: 4, 854: 10}[prompt]
+        step = target(1) - 1 / req.model_rate  # what one more plain step would forgo
+        assert forgone[-1] + step > catch_up and (looks == 0 or forgone[-2] + step <= catch_up)
+        assert looks == {41: 2, 120: 3, 401: 8, 854: 19}[prompt]
     capped = Planner(target, draft, prior=0.9, max_draft=8, look_first=3)
     req = capped.new_request(64)
-    assert capped._looks(req, 3.0, 1 / target(1)) and not capped._looks(req, 0.2, 1 / target(1))
+    assert capped._looks(req, 3.0, 1 / target(1)) and capped._looks(req, 0.2, 1 / target(1))
+    req.model_rate = 7.0  # a step forgoes 0.288 - 1 / 7 s: more than a catch-up of 0.1 s
+    assert capped._looks(req, 0.2, 1 / target(1)) and not capped._looks(req, 0.1, 1 / target(1))
     req.plans = [0, 0, 0]
     assert not capped._looks(req, 3.0, 1 / target(1))
 
@@ -609,8 +616,8 @@ def test_a_run_of_confident_tokens_does_not_pay_a_catch_up_the_request_as_a_whol
         req, ds = pl.new_request(128), []
         while req.remaining > 1:
             ds.append(step(req, 121 if not any(ds) else 1, 0.99))
-    looks = int(pl._catch_up_s(121) / target(1))  # the plain steps that fit in the catch-up (_looks)
-    assert looks == 4 and ds[:5] == [0] * looks + [15]  # looks, then it drafts
+    looks = ds.index(15)  # plain steps until the saving they forgo reaches the catch-up (_looks)
+    assert ds[:looks] == [0] * looks and abs(looks - pl._catch_up_s(121) / (target(1) - 1 / req.model_rate)) <= 1, ds
     req, behind = pl.new_request(400), 60
     for top in [0.5] * 30 + [0.99] * 12:  # prose: a long stretch at ~0.5 acceptance, then a short run
         assert step(req, behind, top) == 0
