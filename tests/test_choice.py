@@ -199,16 +199,17 @@ def test_a_models_catch_up_must_beat_the_rate_the_request_goes_at_not_a_plain_st
     promises more (6.1 tokens per 18 ms at D = 8: 3.0 ms a token), and against plain decoding
     (10 ms a token) its catch-up repays over the request's 60 tokens (~420 ms saved); against the
     3.7 ms a token the request has measured with the cheap member it does not (~40 ms), so the
-    model is never chosen."""
+    model is never chosen (here after a cap of three looks; without the cap the cheap member's
+    rounds forgo ~2 ms each, so the request never stops looking)."""
     prompt = [i % 5 for i in range(200)]
     curve = CostCurve({1: [10.0 + 0.5 * k for k in range(17)]})
     draft = CostCurve({1: [0.5 * k for k in range(1, 18)]})  # k tokens: 0.5 k ms (linear past 17)
 
-    def run(base_rate_seen: bool):
+    def run(base_rate_seen: bool, look_first: int | None = 3):
         model = ModelDrafter(CycleRunner())
         planners = {"two": Planner(curve, None, prior=0.9, max_draft=8, online=False),
-                    "model": Planner(curve, draft, prior=0.9, max_draft=8, online=False, look_first=3)}
-        pol = DrafterChoice(planners, {"model": model})  # (three looks, then the catch-up priced)
+                    "model": Planner(curve, draft, prior=0.9, max_draft=8, online=False, look_first=look_first)}
+        pol = DrafterChoice(planners, {"model": model})
         if not base_rate_seen:  # the rule before: a catch-up counted against a plain step
             plan = planners["model"].plan
             planners["model"].plan = lambda *a, base_rate=None, **k: plan(*a, **k)
@@ -224,6 +225,7 @@ def test_a_models_catch_up_must_beat_the_rate_the_request_goes_at_not_a_plain_st
     assert r.token_ids == plain.token_ids
     assert {p.drafter for p in r.plans} == {"two"}
     assert "model" in {p.drafter for p in run(False).plans}  # against a plain step it would switch
+    assert {p.drafter for p in run(False, look_first=None).plans} == {"two"}  # it looks throughout
 
 
 def test_a_models_prompt_catch_up_waits_until_the_saving_forgone_reaches_its_cost():
