@@ -327,8 +327,9 @@ class Planner:
         rate on the request's estimate then, commit), one more plain step's included, still fit in
         the prompt's catch-up (`catch_up` seconds). So the catch-up is paid only once going on
         without the model has cost about as much as buying it would: a request that ends before
-        never pays it, and one that pays it and then gains nothing loses at most about twice what
-        the better choice in hindsight would have (the ski-rental bound). Rounds as fast as the
+        never pays it, and, as far as the model's estimated rate holds, one that goes on loses at
+        most about twice what the better choice in hindsight would have (the ski-rental bound);
+        while the estimate says the model would not pay, it keeps looking. Rounds as fast as the
         model forgo nothing, so a request another member serves well keeps that member, and one
         the model would not speed up never pays. `look_first` caps the rounds without it."""
         if self.look_first is not None and len(req.plans) >= self.look_first:

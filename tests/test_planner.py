@@ -612,12 +612,13 @@ def test_a_run_of_confident_tokens_does_not_pay_a_catch_up_the_request_as_a_whol
         pl.commit(req, p, p.d, p.d, p.d + 1, [0.9] * p.d if p.d else None, target_top=[top] * max(p.d, 1))
         return p.d
 
-    for _ in range(3):  # code: confident and accepted throughout (the first waits ~20 steps: cold)
+    for _ in range(3):  # code: confident and accepted throughout (the first waits long: cold)
         req, ds = pl.new_request(128), []
         while req.remaining > 1:
             ds.append(step(req, 121 if not any(ds) else 1, 0.99))
     looks = ds.index(15)  # plain steps until the saving they forgo reaches the catch-up (_looks)
     assert ds[:looks] == [0] * looks and abs(looks - pl._catch_up_s(121) / (target(1) - 1 / req.model_rate)) <= 1, ds
+    pl.look_first = 4  # from here four looks at most: the catch-up's own rule decides after them
     req, behind = pl.new_request(400), 60
     for top in [0.5] * 30 + [0.99] * 12:  # prose: a long stretch at ~0.5 acceptance, then a short run
         assert step(req, behind, top) == 0
