@@ -219,12 +219,13 @@ class Planner:
             return plain
         catch_up = self._catch_up_s(behind)  # 0 unless a draft model fell behind
         r_base = r_plain if base_rate is None else max(r_plain, base_rate)  # what a catch-up must beat
+        alpha = req.acceptance.alpha()  # [max_draft], once per round
         if self.draft is not None and behind > 1 and not any(req.plans):
-            d_m, r_m = self._best(req.acceptance.alpha(), t, r_plain, 0.0, 0.0)
+            d_m, r_m = self._best(alpha, t, r_plain, 0.0, 0.0)
             req.model_rate = r_m if d_m > 0 else 0.0  # what a round without the model forgoes (commit)
             if self._looks(req, catch_up, r_plain):
                 return plain  # rent before buying the prompt's catch-up: see _looks
-        alpha, up = req.acceptance.alpha(), req.acceptance.upper()  # [max_draft] each, once per round
+        up = req.acceptance.upper()  # [max_draft]
         going = self.draft is not None and bool(req.plans) and req.plans[-1] > 0  # caught up
         keep = self.margin if self.keep_margin is None else min(self.keep_margin, self.margin)
         if node_p is not None:  # a tree: expected accepted tokens of its first d nodes
@@ -445,7 +446,7 @@ class Planner:
         (draftwise.policy.tree_steps): every node the verification reached (its parent accepted)
         calibrates tree_calib, P(accepted | reached, step); the chain's estimates, per position, do
         not describe a tree and are left alone."""
-        if self.draft is not None and plan.d == 0 and req.model_rate > 0 and not any(req.plans):
+        if plan.d == 0 and req.model_rate > 0 and not any(req.plans):  # (model_rate: a draft model's)
             seconds = plan.seconds or 1.0 / plan.plain_rate  # the round's, as planned
             req.forgone_s += max(0.0, seconds - emitted / req.model_rate)  # _looks
         req.plans.append(plan.d)
