@@ -202,19 +202,21 @@ def test_planner_policy_prices_draft_catch_up_and_stops_drafts_early():
     asked = []
     ms = [10.0 + 0.5 * k for k in range(8)]
     # a draft step costs 1 ms, but a catch-up of the 6-token prompt (7+ tokens) 40 ms, four plain
-    # steps; each plain step forgoes the ~7 ms a model believed right 19 times in 20 would have
-    # saved: it looks while that saving, one more step's included, fits in the catch-up
-    # (Planner._looks), five times
-    pl = StopAfterTwo(CostCurve({1: ms, 4: [4 * m for m in ms]}), CostCurve({1: [1.0] * 6 + [40.0] * 30}),
+    # steps, and 2 ms more per token it falls further behind; each plain step forgoes the ~7 ms a
+    # model believed right 19 times in 20 would have saved: it looks while that saving, one more
+    # step's included, fits in the catch-up (Planner._looks), which grows by 2 ms a look: seven
+    # looks (five if the catch-up stayed at 40 ms)
+    pl = StopAfterTwo(CostCurve({1: ms, 4: [4 * m for m in ms]}),
+                      CostCurve({1: [1.0] * 6 + [40.0 + 2 * j for j in range(30)]}),
                       prior=0.95, max_draft=6, online=False)
     drafter = ModelDrafter(CycleRunner(period=16))
     policy = PlannedDraftLength(pl, drafter)
     sched = Scheduler(CycleRunner(period=16), CharTokenizer(), drafter, policy)
     r = run_all(sched, PROMPTS[:1], max_tokens=30)[0].result
     n = len(PROMPTS[0])  # the draft model has not seen the prompt: a catch-up to price, after the
-    assert asked[:6] == [n + 1 + i for i in range(6)]  # plain steps that look at the target's confidence
-    assert asked[6:] == [1] * (len(asked) - 6)  # then it follows every round (each drafted)
-    assert r.stats.verification_rounds >= 3 and max(p for _, p, *_ in r.rounds) == 2  # stopped at token 2
+    assert asked[:8] == [n + 1 + i for i in range(8)]  # plain steps that look at the target's confidence
+    assert asked[8:] == [1] * (len(asked) - 8)  # then it follows every round (each drafted)
+    assert r.stats.verification_rounds >= 2 and max(p for _, p, *_ in r.rounds) == 2  # stopped at token 2 (EOS at 14)
     assert r.stats.accepted_draft_tokens == r.stats.proposed_tokens
 
 
