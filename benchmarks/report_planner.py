@@ -74,7 +74,7 @@ def report(path: str, fixed_from: str | None = None) -> None:
             if r.concurrency == 1 and r.scope in scopes and len(d) == 2 and d[1].isdigit() \
                     and r.config not in rows[r.scope]:
                 rows[r.scope][r.config + "*"] = r
-    print(f"output check: {len(s.mismatches)} of {s.checked} outputs differ from plain decoding\n")
+    print(f"output check: {len(s.mismatches)} of {s.checked} outputs differ from the baseline ({s.baseline})\n")
     for d in drafters:
         print(f"### {d}\n")
         print("| category | plain tok/s | auto speedup [95% CI] | planner predicted | best fixed D | its speedup "
