@@ -221,8 +221,9 @@ class Planner:
         r_base = r_plain if base_rate is None else max(r_plain, base_rate)  # what a catch-up must beat
         alpha = req.acceptance.alpha()  # [max_draft], once per round
         if self.draft is not None and behind > 1 and not any(req.plans):
-            d_m, r_m = self._best(alpha, t, r_plain, 0.0, 0.0)
-            req.model_rate = r_m if d_m > 0 else 0.0  # what a round without the model forgoes (commit)
+            if len(t):  # (d_max = 0, e.g. a head lacking features asked again: the estimate stays)
+                d_m, r_m = self._best(alpha, t, r_plain, 0.0, 0.0)
+                req.model_rate = r_m if d_m > 0 else 0.0  # what a round without the model forgoes (commit)
             if self._looks(req, catch_up, r_plain):
                 return plain  # rent before buying the prompt's catch-up: see _looks
         up = req.acceptance.upper()  # [max_draft]

@@ -580,6 +580,8 @@ def test_a_draft_model_looks_until_the_saving_it_forgoes_reaches_the_prompts_cat
             p = pl.plan(req, available=8, behind=behind)
             forgone.append(req.forgone_s)
             assert req.model_rate > 1 / target(1)  # the model would pay on this estimate
+            rate = req.model_rate  # asked again with nothing available (a head lacking features): kept
+            assert pl.plan(req, available=0, behind=behind).d == 0 and req.model_rate == rate
             pl.commit(req, p, p.d, p.d, p.d + 1, [0.9] * p.d if p.d else None, target_top=[0.95] * max(p.d, 1))
             ds.append(p.d)
             behind += 1
