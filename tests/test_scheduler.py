@@ -202,10 +202,10 @@ def test_planner_policy_prices_draft_catch_up_and_stops_drafts_early():
     asked = []
     ms = [10.0 + 0.5 * k for k in range(8)]
     # a draft step costs 1 ms, but a forward of 7+ tokens 40 ms, so catching up on the 6-token
-    # prompt costs 39 ms more than a step, and 2 ms more per token it falls further behind; each plain step forgoes the ~7 ms a
-    # model believed right 19 times in 20 would have saved: it looks while that saving, one more
-    # step's included, fits in the catch-up (Planner._looks), which grows by 2 ms a look: seven
-    # looks (five if it stayed at 39 ms)
+    # prompt costs 39 ms more than a step, and 2 ms more per token it falls further behind; each
+    # plain step forgoes the ~7 ms a model believed right 19 times in 20 would have saved: it looks
+    # while that saving, one more step's included, fits in the catch-up (Planner._looks), which
+    # grows by 2 ms a look: seven looks (five if it stayed at 39 ms)
     pl = StopAfterTwo(CostCurve({1: ms, 4: [4 * m for m in ms]}),
                       CostCurve({1: [1.0] * 6 + [40.0 + 2 * j for j in range(30)]}),
                       prior=0.95, max_draft=6, online=False)
