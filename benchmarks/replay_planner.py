@@ -37,7 +37,7 @@ from draftwise.planner import Planner, planner_defaults
 from draftwise.profile import ProfileResult
 from draftwise.replay import replay, replay_cheap
 
-CHEAP = {"ngram": NgramDrafter, "suffix": SuffixDrafter}
+CHEAP = {"ngram": NgramDrafter, "suffix": SuffixDrafter, "suffix-tree": lambda: SuffixDrafter(tree=True)}
 
 
 def curve(path: str) -> CostCurve:

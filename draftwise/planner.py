@@ -110,6 +110,9 @@ class RequestPlan:
     # request's current estimate (0: it would not pay), and the seconds it would have saved so far
     model_rate: float = 0.0
     forgone_s: float = 0.0
+    # a candidate tree's nodes that its verification reached, root's children and deeper nodes
+    # (Planner.tree_calib's two kinds): [kind][accepted, expected by the run's calibration]
+    tree_fit: np.ndarray = field(default_factory=lambda: np.zeros((2, 2)))
 
     def estimates(self) -> list[Acceptance]:
         """The request's acceptance estimates, which every observation updates alike."""
@@ -127,7 +130,7 @@ class Planner:
                  prior: float | list[float] = 0.6, max_draft: int = 16, margin: float = 0.03,
                  online: bool = True, prior_strength: float = 0.5, probe_max: int = 2, look_first: int | None = None,
                  keep_margin: float | None = None, whole_forget: float = 0.97, whole_strength: float = 2.0,
-                 whole_z: float = 1.0, risk: float = 0.0):
+                 whole_z: float = 1.0, risk: float = 0.0, tree_pseudo: float = 2.0):
         if max_draft < 1:
             raise ValueError(f"max_draft must be >= 1, got {max_draft}")
         self.verify, self.draft = verify_curve, draft_curve
@@ -146,6 +149,7 @@ class Planner:
         # P(a reached tree node is accepted | its own step, tree_steps), for the root's children
         # (does a copy start here?) and for deeper nodes (does it go on?), which differ most
         self.tree_calib = (Calibration(0.05), Calibration(0.05))
+        self.tree_pseudo = tree_pseudo  # a request's record against tree_calib starts here (node_chances)
         self._paid = [0.0, 0.0]  # recent requests' first probes: (discounted) paid off, all
         self.overhead_s = 0.0  # per round, besides forwards and drafting (EMA)
         # recent requests' (tokens emitted, ended before their cap): how long requests run on
@@ -454,9 +458,9 @@ class Planner:
         req.remaining -= emitted
         if path is not None:
             on, steps = set(path), confidence or []
-            for deep, calib in enumerate(self.tree_calib):
+            for deep in (0, 1):
                 reached = [i for i, q in enumerate(parents or []) if (q >= 0) == bool(deep) and (q < 0 or q in on)]
-                calib.observe_nodes([steps[i] for i in reached], [float(i in on) for i in reached])
+                self.observe_nodes(req, deep, [steps[i] for i in reached], [float(i in on) for i in reached])
             return
         if confidence:
             self.calib.observe(confidence, accepted, min(accepted + 1, proposed, len(confidence)))
@@ -487,6 +491,29 @@ class Planner:
         else:  # nothing observed: the request's estimates drift back (the workload's do not)
             for a in req.estimates():
                 a.relax()
+
+    def node_chances(self, req: RequestPlan, parents: list[int], steps: list[float]) -> np.ndarray:  # [d]
+        """A candidate tree's nodes' chances of being on the accepted path: each its parent's times
+        the chance of its own step (draftwise.policy.tree_steps) once the parent is accepted. That
+        chance is the run's calibration of the step (tree_calib, learned on every request's nodes)
+        times how the request's own reached nodes fared against it so far, (accepted + tree_pseudo)
+        / (expected + tree_pseudo), tree_pseudo expected nodes (about a round's) all accepted to
+        start with: prose after code edits, whose nodes the run's calibration overrates, verifies
+        fewer of them within a few rounds."""
+        fit = (req.tree_fit[:, 0] + self.tree_pseudo) / (req.tree_fit[:, 1] + self.tree_pseudo)  # [2]
+        p = np.zeros(len(parents))
+        for i, (q, f) in enumerate(zip(parents, steps)):
+            deep = int(q >= 0)
+            p[i] = (1.0 if q < 0 else p[q]) * min(1.0, self.tree_calib[deep](f) * fit[deep])
+        return p
+
+    def observe_nodes(self, req: RequestPlan, deep: int, steps: list[float], accepted: list[float]) -> None:
+        """Tree nodes of one kind (deep: 0, the root's children; 1, deeper) that verification
+        reached, with their own steps and whether each was accepted (a fraction: a shadow's
+        acceptance probability): the request's record against the run's calibration, then that."""
+        calib = self.tree_calib[deep]
+        req.tree_fit[deep] += (sum(accepted), sum(calib(f) for f in steps))
+        calib.observe_nodes(steps, accepted)
 
     def counterfactual(self, req: RequestPlan, draft: list[int], target: list[int],
                        confidence: list[float] | None = None) -> None:

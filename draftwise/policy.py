@@ -163,10 +163,7 @@ class PlannedDraftLength:
             return cand.head(self.choose(st, batch, len(cand.tokens), 1))
         # a candidate tree: how many of its nodes (best first) to verify, from each node's chance
         # of being on the accepted path: its parent's times the calibrated chance of its own step
-        local = tree_steps(cand)
-        node_p = np.zeros(len(cand.tokens))  # [d]
-        for i, (q, f) in enumerate(zip(cand.parents, local)):
-            node_p[i] = (1.0 if q < 0 else node_p[q]) * self.planner.tree_calib[q >= 0](f)
+        node_p = self.planner.node_chances(st.policy.req, cand.parents, tree_steps(cand))  # [d]
         st.policy.plan = plan = self.planner.plan(st.policy.req, batch, available=len(cand.tokens), node_p=node_p)
         batch.record(plan.d, plan.expected)
         return cand.head(plan.d)
@@ -212,8 +209,8 @@ class PlannedDraftLength:
             if tree is not None and tree.confidence:  # a tree's first-level nodes, scored like the shadow
                 first = [i for i, q in enumerate(tree.parents) if q == -1]
                 steps = tree_steps(tree)
-                self.planner.tree_calib[0].observe_nodes(
-                    [steps[i] for i in first],
+                self.planner.observe_nodes(
+                    req, 0, [steps[i] for i in first],
                     [float(tree.tokens[i] == top) if probs is None else float(probs[tree.tokens[i]]) for i in first])
         st.plans.append(PlanStep(plan.d, len(prop.tokens), plan.behind if plan.d and not self.cheap else 0,
                                  round(1e3 * (plan.seconds or 1.0 / plan.plain_rate), 1),

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from draftwise.drafters.base import Proposal
 from draftwise.planner import Planner
+from draftwise.policy import tree_steps
 from draftwise.sampling import SamplingParams
 
 GREEDY = SamplingParams()
@@ -84,18 +86,30 @@ def replay_cheap(tr: dict, planner: Planner, drafter, fixed: int = 0, max_tokens
         room = n - t - 1
         want = min(fixed, room) if fixed else min(planner.max_draft, room)
         prop = drafter.propose(key, ctx[:L0 + t], want, GREEDY, None)
-        plan = planner.plan(req, available=len(prop.tokens)) if req is not None and not oracle else None
-        toks = prop.tokens[:plan.d] if plan is not None else prop.tokens
-        a = _accepted(toks, out, t)
+        tree = prop.parents is not None and bool(prop.tokens)
+        plan = None
+        if req is not None:  # a tree's nodes priced as the engine's policy prices them
+            node_p = planner.node_chances(req, prop.parents, tree_steps(prop)) if tree else None
+            plan = planner.plan(req, available=len(prop.tokens), node_p=node_p)
+        sub = prop.head(plan.d if plan is not None else len(prop.tokens))
+        path = _path(sub, out, t)
+        a = len(path)
         if oracle:
-            toks = toks[:a]
+            sub = prop.head(0) if not path else Proposal([prop.tokens[i] for i in path])
+        toks = sub.tokens
         emitted = min(a + 1, n - t)
         round_s = planner.draft_call_s + planner.verify.raw(len(toks) + 1)  # it proposes every step
-        if req is not None:
+        if req is not None and tree and toks:
+            planner.commit(req, plan, len(toks), a, emitted, tree_steps(sub), round_s=round_s, path=path,
+                           parents=sub.parents)
+        elif req is not None:
             conf = prop.confidence[:len(toks)] if prop.confidence and toks else None
             planner.commit(req, plan, len(toks), a, emitted, conf, round_s=round_s)
-            if prop.tokens and not toks:  # the unverified first token against the plain step's token
-                planner.shadow(req, float(prop.tokens[0] == out[t]))
+        if req is not None and prop.tokens and not toks:  # the unverified first token(s) against the plain step's
+            planner.shadow(req, float(prop.tokens[0] == out[t]))
+            if tree and prop.confidence:
+                first, steps = [i for i, q in enumerate(prop.parents) if q == -1], tree_steps(prop)
+                planner.observe_nodes(req, 0, [steps[i] for i in first], [float(prop.tokens[i] == out[t]) for i in first])
         secs += round_s
         c["rounds" if toks else "plain"] += 1
         c["proposed"] += len(toks)
@@ -105,6 +119,18 @@ def replay_cheap(tr: dict, planner: Planner, drafter, fixed: int = 0, max_tokens
     if req is not None:
         planner.close_request(req, n)
     return secs, dict(c)
+
+
+def _path(prop: Proposal, out: list[int], t: int) -> list[int]:
+    """Greedy acceptance of a proposal, a chain or a candidate tree (parents before children,
+    siblings distinct): the nodes on the target's tokens from position t on."""
+    parents = prop.parents if prop.parents is not None else list(range(-1, len(prop.tokens) - 1))
+    path, at = [], -1
+    for i, (q, tok) in enumerate(zip(parents, prop.tokens)):
+        if q == at and t + len(path) < len(out) and tok == out[t + len(path)]:
+            path.append(i)
+            at = i
+    return path
 
 
 def _accepted(draft: list[int], out: list[int], t: int) -> int:

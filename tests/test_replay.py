@@ -94,3 +94,20 @@ def test_suffix_replay_carries_the_global_trie_to_the_next_request():
     secs, again = replay_cheap(tr, pl, d, fixed=4, key=1)  # asked again: its own output drafted
     # t=1: "... 53 60" found in the trie -> 61 62 63 64 all accepted, bonus 65 -> t=6; then room 1
     assert again["accepted"] >= 5 and again["rounds"] >= 1
+
+
+def test_tree_replay_follows_the_branch_the_target_takes_by_hand():
+    pl = Planner(CostCurve({1: VERIFY}), None, prior=PRIORS["suffix"][:8], max_draft=8, online=False)
+    prompt = [9, 0, 1, 2, 5, 8, 0, 1, 2, 3, 7, 0, 1]  # [0 1 2] went on with 5 once and 3 once
+    tr = {"prompt_ids": prompt, "prompt_tokens": 13, "tokens": [2, 3, 7, 0, 1, 2]}
+    secs, c = replay_cheap(tr, pl, SuffixDrafter(tree=True), fixed=4)
+    # t=1: the tree 5 3 | 8 under 5, 7 under 3: the target takes 3 7 (nodes 1, 3), bonus 0 -> t=4;
+    # t=4 (room 1): "7 0" -> 1, accepted, bonus 2 -> the end
+    assert (c["rounds"], c["proposed"], c["accepted"], c.get("plain", 0)) == (2, 5, 3, 0)
+    v = pl.verify.raw
+    assert secs == pytest.approx(v(13) + v(5) + v(2) + 2 * pl.draft_call_s)
+    chain_s, chain = replay_cheap(tr, pl, SuffixDrafter(), fixed=4)
+    # the chain follows one continuation, 5 8 0 1, rejected at once (t=2); then "2 3" -> 7 0 1, all
+    # accepted, and the bonus ends it: the same tokens in two dearer rounds
+    assert (chain["rounds"], chain["proposed"], chain["accepted"]) == (2, 7, 3)
+    assert chain_s == pytest.approx(v(13) + v(5) + v(4) + 2 * pl.draft_call_s)

@@ -74,6 +74,24 @@ def test_tree_calibration_learns_each_nodes_chance_from_verified_trees():
     assert pl.tree_calib[1](0.95) == pytest.approx(0.2, abs=0.03)
 
 
+def test_a_requests_nodes_follow_its_own_record_against_the_runs_calibration():
+    pl = _planner(2.0)
+    parents, steps = [-1, 0], [0.5, 0.5]
+    fresh = pl.node_chances(pl.new_request(100), parents, steps)
+    assert fresh == pytest.approx([0.5, 0.25])  # nothing measured: g(c) = c
+    missed, hit = pl.new_request(100), pl.new_request(100)
+    pl.observe_nodes(missed, 0, [0.5, 0.5], [0.0, 0.0])  # expected 1 of the two root children: none
+    assert missed.tree_fit[0] == pytest.approx([0.0, 1.0])
+    pl.observe_nodes(hit, 0, [0.5, 0.5], [1.0, 1.0])  # expected 1 (the run's calibration since): both
+    run = pl.node_chances(pl.new_request(100), parents, steps)  # the run's calibration alone
+    # (0 + 2) / (1 + 2) of the run's chance for the root's children; deeper steps have no record
+    assert pl.node_chances(missed, parents, steps) == pytest.approx(np.array(run) * 2 / 3)
+    g = pl.tree_calib[0](0.5)
+    assert pl.node_chances(hit, parents, steps)[0] == pytest.approx(min(1.0, g * (2 + 2) / (hit.tree_fit[0, 1] + 2)))
+    # the run's calibration learned from both requests' nodes
+    assert pl.tree_calib[0].n.sum() == pytest.approx(0.99 * 2.0 + 2.0)
+
+
 class TreeCounter(CycleRunner):
     def __init__(self, **kw):
         super().__init__(**kw)
