@@ -1,5 +1,5 @@
 """Replay the planner of a draft model or, without its profile, of a drafter with no model
-(n-gram, suffix: `--drafter`; draftwise.replay) on a run's teacher-forced traces
+(n-gram, suffix, suffix-tree: `--drafter`; draftwise.replay) on a run's teacher-forced traces
 (benchmarks/trace_agreement.py) or, for a drafter with no model, on a bench run's plain outputs
 (a run directory: no model is loaded, its prompts are rebuilt and tokenized), in the run's order
 (a suffix drafter keeping its global trie across requests), one planner for all requests as in

@@ -71,10 +71,12 @@ def replay(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128) ->
 
 def replay_cheap(tr: dict, planner: Planner, drafter, fixed: int = 0, max_tokens: int = 128,
                  key: int = 0, oracle: bool = False) -> tuple[float, dict]:
-    """replay() for a drafter with no model (n-gram, suffix; needs the trace's prompt_ids): its
-    proposal is a function of the context (and, for suffix, of the requests released before), so
-    each step proposes as the engine does (up to max_draft, the planner then choosing how many to
-    verify; its unverified first token a shadow at a plain step). The request is released at the
+    """replay() for a drafter with no model (n-gram, suffix, suffix-tree; needs the trace's
+    prompt_ids): its proposal is a function of the context (and, for suffix, of the requests
+    released before), so each step proposes as the engine does (up to max_draft, the planner then
+    choosing how many to verify, a tree's nodes priced as the engine's policy prices them and
+    accepted along the branch that follows the target's tokens; its unverified first token, or a
+    tree's first-level nodes, a shadow at a plain step). The request is released at the
     end under `key`, so a suffix drafter's global trie carries it to the next trace. `oracle`: each
     round verifies exactly the proposed tokens the target accepts (none: a plain step), the most
     any sizing of these proposals could gain."""
