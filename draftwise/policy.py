@@ -24,7 +24,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import numpy as np
 import torch
 
 from draftwise.costs import CostCurve
