@@ -42,6 +42,16 @@ def tree_steps(prop: Proposal) -> list[float]:
     return [ci / a if a > 0 else 0.0 for ci, a in zip(c, above)]
 
 
+def shadow_tree(planner: Planner, req: RequestPlan, tree: Proposal, p_accept) -> None:
+    """A candidate tree a plain step was chosen over: its first-level nodes (the root's children)
+    scored like a chain's shadow, each by p_accept(token), the chance the plain step's target
+    would have accepted it (greedy: 1 for its token, else 0)."""
+    if not tree.confidence:
+        return
+    first, steps = [i for i, q in enumerate(tree.parents) if q == -1], tree_steps(tree)
+    planner.observe_nodes(req, 0, [steps[i] for i in first], [p_accept(tree.tokens[i]) for i in first])
+
+
 @dataclass(slots=True)
 class RoundOutcome:
     """One request's round, as the policy learns from it."""
@@ -205,12 +215,9 @@ class PlannedDraftLength:
             top, probs = (res.tokens[0], None) if o.params.greedy else (None, o.first_probs)
             self.planner.shadow(req, float(o.shadow == top) if probs is None else float(probs[o.shadow]))
             tree = o.unverified if o.unverified is not None and o.unverified.parents is not None else None
-            if tree is not None and tree.confidence:  # a tree's first-level nodes, scored like the shadow
-                first = [i for i, q in enumerate(tree.parents) if q == -1]
-                steps = tree_steps(tree)
-                self.planner.observe_nodes(
-                    req, 0, [steps[i] for i in first],
-                    [float(tree.tokens[i] == top) if probs is None else float(probs[tree.tokens[i]]) for i in first])
+            if tree is not None:
+                shadow_tree(self.planner, req, tree,
+                            (lambda x: float(x == top)) if probs is None else (lambda x: float(probs[x])))
         st.plans.append(PlanStep(plan.d, len(prop.tokens), plan.behind if plan.d and not self.cheap else 0,
                                  round(1e3 * (plan.seconds or 1.0 / plan.plain_rate), 1),
                                  round(1e3 * o.round_s, 1), round(1e3 * self.planner.draft_cost(1), 1)))

@@ -16,7 +16,7 @@ from collections import defaultdict
 
 from draftwise.drafters.base import Proposal
 from draftwise.planner import Planner
-from draftwise.policy import tree_steps
+from draftwise.policy import shadow_tree, tree_steps
 from draftwise.sampling import SamplingParams
 
 GREEDY = SamplingParams()
@@ -49,7 +49,7 @@ def replay(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128) ->
             if len(toks) < d and stop is not None and stop.ends_at(i, conf):
                 stop_conf = conf
                 break
-        a = _accepted(toks, out, t)
+        a = len(_path(Proposal(toks), out, t))
         draft_s = planner.draft.raw(behind) + (forwards - 1) * planner.draft.raw(1) if forwards else 0.0
         round_s = draft_s + planner.verify.raw(len(toks) + 1)
         emitted = min(a + 1, n - t)
@@ -109,9 +109,8 @@ def replay_cheap(tr: dict, planner: Planner, drafter, fixed: int = 0, max_tokens
             planner.commit(req, plan, len(toks), a, emitted, conf, round_s=round_s)
         if req is not None and prop.tokens and not toks:  # the unverified first token(s) against the plain step's
             planner.shadow(req, float(prop.tokens[0] == out[t]))
-            if tree and prop.confidence:
-                first, steps = [i for i, q in enumerate(prop.parents) if q == -1], tree_steps(prop)
-                planner.observe_nodes(req, 0, [steps[i] for i in first], [float(prop.tokens[i] == out[t]) for i in first])
+            if tree:
+                shadow_tree(planner, req, prop, lambda x: float(x == out[t]))
         secs += round_s
         c["rounds" if toks else "plain"] += 1
         c["proposed"] += len(toks)
@@ -133,11 +132,3 @@ def _path(prop: Proposal, out: list[int], t: int) -> list[int]:
             path.append(i)
             at = i
     return path
-
-
-def _accepted(draft: list[int], out: list[int], t: int) -> int:
-    """Greedy acceptance: draft tokens equal to the target's tokens from position t on."""
-    a = 0
-    while a < len(draft) and draft[a] == out[t + a]:
-        a += 1
-    return a
