@@ -48,7 +48,7 @@ import statistics
 from collections import Counter, defaultdict
 
 from draftwise.bench.results import Results
-from draftwise.bench.summary import bootstrap_ratio, summarise
+from draftwise.bench.summary import paired_speedup, summarise
 from draftwise.request import PlanStep
 
 
@@ -180,30 +180,6 @@ def step_costs(run: str, drafter: str) -> None:
         print(f"{c:14} " + "  ".join(f"{k}: {len(v)} x {statistics.median(v):.0f}" for k, v in sorted(ms.items())))
 
 
-def _per_prompt(pairs: list[dict], config: str, f) -> list[float]:
-    """[P]: f of `config`'s request in each (prompt, repeat) pair, summed per prompt."""
-    out = defaultdict(float)
-    for v in pairs:
-        out[v["plain"]["prompt_id"]] += f(v[config])
-    return list(out.values())
-
-
-def _wall(r: dict) -> float:
-    return r["e2e_s"]
-
-
-def _tokens(r: dict) -> int:
-    return r["emitted_tokens"]
-
-
-def _after_first(r: dict) -> float:  # decoding after the first token (the prefill's)
-    return r["e2e_s"] - r["ttft_s"]
-
-
-def _later(r: dict) -> int:
-    return r["emitted_tokens"] - 1
-
-
 def decode_only(run: str) -> None:
     """Speedups over plain on the (prompt, repeat) pairs whose outputs equal plain's, summed per
     prompt (the interval resamples prompts, as the bench summary's does)."""
@@ -218,8 +194,9 @@ def decode_only(run: str) -> None:
         if not same:
             print(f"| {c} | 0 of {len(by)} | | | | |")
             continue
-        e2e, _, _ = bootstrap_ratio(*(_per_prompt(same, k, f) for k in ("plain", c) for f in (_wall, _tokens)))
-        dec = bootstrap_ratio(*(_per_prompt(same, k, f) for k in ("plain", c) for f in (_after_first, _later)))
+        mine, plain = [v[c] for v in same], [v["plain"] for v in same]
+        e2e = paired_speedup(mine, plain)[0]
+        dec = paired_speedup(mine, plain, decode=True)
         share = sum(v["plain"]["ttft_s"] for v in same) / sum(v["plain"]["e2e_s"] for v in same)
         ci = f"{dec[0]:.2f}" if dec[1] is None else f"{dec[0]:.2f} [{dec[1]:.2f}, {dec[2]:.2f}]"
         print(f"| {c} | {len(same)} of {len(by)} | {sum(v[c]['emitted_tokens'] for v in same) / len(same):.1f} "

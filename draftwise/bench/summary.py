@@ -192,7 +192,7 @@ def _per_prompt(recs: list[dict], decode: bool = False) -> dict[str, tuple[float
     return {k: (t, n) for k, (t, n) in out.items()}
 
 
-def _paired(recs: list[dict], base: list[dict], n_boot: int, seed: int, decode: bool = False):
+def paired_speedup(recs: list[dict], base: list[dict], n_boot: int = 2000, seed: int = 0, decode: bool = False):
     """(point, lo, hi) of the baseline's seconds per token over the configuration's, on the
     prompts both ran (bootstrap over prompts); None when none."""
     mine, theirs = _per_prompt(recs, decode), _per_prompt(base, decode)
@@ -217,8 +217,8 @@ def _row(scope, config, conc, recs, base, servers, describe, mism, n_boot, seed)
     if recs and base and recs[0]["config"] == base[0]["config"]:
         row.speedup = row.decode_speedup = 1.0  # the baseline itself: by definition, no interval
     elif recs and base:
-        row.speedup, row.speedup_lo, row.speedup_hi = _paired(recs, base, n_boot, seed)
-        row.decode_speedup, row.decode_speedup_lo, row.decode_speedup_hi = _paired(recs, base, n_boot, seed, True)
+        row.speedup, row.speedup_lo, row.speedup_hi = paired_speedup(recs, base, n_boot, seed)
+        row.decode_speedup, row.decode_speedup_lo, row.decode_speedup_hi = paired_speedup(recs, base, n_boot, seed, True)
     st = [_spec_stats(r["stats"]) for r in recs if r.get("stats")] or \
          [_spec_stats(s["stats"]) for s in servers]
     if st:
