@@ -334,16 +334,6 @@ def cmd_bench(a) -> int:
 
 
 def cmd_plan(a) -> int:
-    from pathlib import Path
-
-    from draftwise.bench import BenchConfig, run_bench, summarise
-    from draftwise.bench.config import load_prompts
-    from draftwise.build import build_engine, load_drafter
-    from draftwise.policy import make_planner
-    from draftwise.engine import Engine
-    from draftwise.plan import (calibrate, curves_text, engine_configs, pilot, predict, save_engine_configs,
-                                write_predictions)
-
     out = Path(a.out)
     if a.engine != "draftwise":
         from draftwise.plan import plan_peer
@@ -365,54 +355,14 @@ def cmd_plan(a) -> int:
         return 0
     if a.endpoint:
         return _plan_endpoint(a, out)
+    from draftwise.plan import plan_here
+
     if a.drafter in ("none", "auto"):
         raise ValueError(f"plan chooses one drafter's draft length, not --drafter {a.drafter}: choose one "
                          "drafter (model, ngram, ...)")
     a.num_draft_tokens = a.pilot_d
-    spec = _spec(a, max_running=1)
-    spec_engine, runner, tok = build_engine(spec)
-    drafter = spec_engine.drafter
-    planner = make_planner(runner, drafter, max_draft=a.pilot_d)
-    cfg = BenchConfig(**spec.model_fields(), max_tokens=a.max_tokens, workload=a.workload, n_per_category=a.n or None, seed=a.seed,
-                      configs=("plain",), out_dir=str(out / "bench"), margins=False)
-    prompts = load_prompts(cfg)
-    ids = [p.token_ids(tok) for p in prompts]
-    print(f"pilot: {len(ids)} prompts x {a.pilot_tokens} tokens at D={a.pilot_d}", file=sys.stderr)
-    pil = pilot(spec_engine, ids, a.pilot_tokens)
-    calibrate(planner, pil)
-    pred = predict(planner, pil, a.max_tokens)
-    best = max(pred, key=pred.get)
-    path = write_predictions(out, planner, pred, pil, {"target": a.target, "drafter": a.drafter,
-                                                       "backend": runner.backend, "workload": a.workload})
-    print(curves_text(planner))
-    print(f"predicted speedup over plain decoding per fixed D (replay of the pilot on the curves; "
-          f"{a.max_tokens}-token requests, the pilot's mean prefill of {pil.prefill_s:.2f} s included):")
-    print("  " + "  ".join(f"D={d}: {v:.2f}x" for d, v in pred.items()))
-    print(f"chosen: --num-draft-tokens auto (per round); best fixed D = {best} ({pred[best]:.2f}x); "
-          f"predictions written to {path} before the measured run")
-    cfgs = engine_configs(a.drafter, best, a.draft_model, (a.ngram_min, a.ngram_max), a.target)
-    for p_ in save_engine_configs(out, cfgs):
-        print(f"wrote {p_}")
-    if a.no_measure:
-        return 0
-    engines = {"plain": Engine(runner, tok, max_running=1),
-               f"{a.drafter}:auto": Engine(runner, tok, drafter, "auto", planner=planner, max_running=1)}
-    if best > 0:
-        other = load_drafter(spec, tok, draft_runner=drafter.runner)
-        engines[f"{a.drafter}:{best}"] = Engine(runner, tok, other, best, max_running=1)
-    cfg.configs, cfg.margins = tuple(engines), True
-    run_bench(cfg, engines=engines, tokenizer=tok, prompts=prompts, progress=not a.no_progress)
-    s = summarise(cfg.out_dir)
-    print(f"{'config':<14} {'predicted':>9} {'measured [95% CI]':>26}")
-    for r in s.rows:
-        if r.scope != "all" or r.config == "plain":
-            continue
-        d = r.config.split(":")[1]
-        guess = pred[int(d)] if d != "auto" else r.predicted_speedup
-        ci = f"[{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]" if r.speedup_lo is not None else ""
-        print(f"{r.config:<14} {guess or 0:>8.2f}x {r.speedup:>9.2f}x {ci:>16}")
-    print(f"(auto's prediction is the planner's own, summed over the rounds it planned; "
-          f"outputs checked: {len(s.mismatches)} mismatches of {s.checked})")
+    plan_here(_spec(a, max_running=1), out, a.workload, a.n or None, a.seed, a.max_tokens, a.pilot_tokens,
+              measure=not a.no_measure, progress=not a.no_progress)
     return 0
 
 

@@ -201,6 +201,67 @@ def save_engine_configs(out_dir: Path, cfgs: dict) -> list[Path]:
     return paths
 
 
+def plan_here(spec, out: Path, workload: str, n: int | None, seed: int, max_tokens: int, pilot_tokens: int,
+              measure: bool = True, progress: bool = True, log=print) -> dict[int, float]:
+    """`draftwise plan` in process: a pilot at D = spec.num_draft_tokens (the largest D
+    predicted) on the workload's prompts, the planner's curves calibrated on it, the speedup of
+    every fixed D predicted (replay) and written with the engine settings of the best one before
+    any measured run; then (`measure`) plain, the drafter at `auto` and at the best fixed D
+    measured side by side. Returns the predictions."""
+    import sys
+
+    from draftwise.bench import BenchConfig, run_bench, summarise
+    from draftwise.bench.config import load_prompts
+    from draftwise.build import build_engine, load_drafter
+    from draftwise.policy import make_planner
+
+    pilot_d = spec.num_draft_tokens
+    spec_engine, runner, tok = build_engine(spec)
+    drafter = spec_engine.drafter
+    planner = make_planner(runner, drafter, max_draft=pilot_d)
+    cfg = BenchConfig(**spec.model_fields(), max_tokens=max_tokens, workload=workload, n_per_category=n, seed=seed,
+                      configs=("plain",), out_dir=str(out / "bench"), margins=False)
+    prompts = load_prompts(cfg)
+    ids = [p.token_ids(tok) for p in prompts]
+    print(f"pilot: {len(ids)} prompts x {pilot_tokens} tokens at D={pilot_d}", file=sys.stderr)
+    pil = pilot(spec_engine, ids, pilot_tokens)
+    calibrate(planner, pil)
+    pred = predict(planner, pil, max_tokens)
+    best = max(pred, key=pred.get)
+    path = write_predictions(out, planner, pred, pil, {"target": spec.target, "drafter": spec.drafter,
+                                                       "backend": runner.backend, "workload": workload})
+    log(curves_text(planner))
+    log(f"predicted speedup over plain decoding per fixed D (replay of the pilot on the curves; "
+        f"{max_tokens}-token requests, the pilot's mean prefill of {pil.prefill_s:.2f} s included):")
+    log("  " + "  ".join(f"D={d}: {v:.2f}x" for d, v in pred.items()))
+    log(f"chosen: --num-draft-tokens auto (per round); best fixed D = {best} ({pred[best]:.2f}x); "
+        f"predictions written to {path} before the measured run")
+    cfgs = engine_configs(spec.drafter, best, spec.draft_model, (spec.ngram_min, spec.ngram_max), spec.target)
+    for p_ in save_engine_configs(out, cfgs):
+        log(f"wrote {p_}")
+    if not measure:
+        return pred
+    engines = {"plain": Engine(runner, tok, max_running=1),
+               f"{spec.drafter}:auto": Engine(runner, tok, drafter, "auto", planner=planner, max_running=1)}
+    if best > 0:
+        other = load_drafter(spec, tok, draft_runner=drafter.runner)
+        engines[f"{spec.drafter}:{best}"] = Engine(runner, tok, other, best, max_running=1)
+    cfg.configs, cfg.margins = tuple(engines), True
+    run_bench(cfg, engines=engines, tokenizer=tok, prompts=prompts, progress=progress)
+    s = summarise(cfg.out_dir)
+    log(f"{'config':<14} {'predicted':>9} {'measured [95% CI]':>26}")
+    for r in s.rows:
+        if r.scope != "all" or r.config == "plain":
+            continue
+        d = r.config.split(":")[1]
+        guess = pred[int(d)] if d != "auto" else r.predicted_speedup
+        ci = f"[{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]" if r.speedup_lo is not None else ""
+        log(f"{r.config:<14} {guess or 0:>8.2f}x {r.speedup:>9.2f}x {ci:>16}")
+    log(f"(auto's prediction is the planner's own, summed over the rounds it planned; "
+        f"outputs checked: {len(s.mismatches)} mismatches of {s.checked})")
+    return pred
+
+
 def choose_k(pred: dict[int, float], per_category: dict[str, dict[int, float]], floor: float = 1.0) -> int:
     """The K with the highest predicted speedup over the whole workload among those predicted to
     keep every category at `floor` or above (a fixed K is served to every request; 1.0: slow no
