@@ -1,5 +1,6 @@
 """`draftwise generate` as a user runs it: each drafter on the CLI's defaults (the packaged
 Qwen2.5-Coder pair, D = auto, the demo prompt), next to plain decoding."""
+import json
 import re
 
 import pytest
@@ -29,9 +30,13 @@ def test_generate_each_drafter_on_defaults(drafter, capsys):
 
 
 def test_generate_streams_plain_text_by_default(capsys):
-    assert cli.main(["generate", "--drafter", "none", "--prompt", "hi", "--max-tokens", "4"]) == 0
-    out = capsys.readouterr().out
-    assert "emitted_tokens" in out and out.strip()
+    args = ["generate", "--drafter", "none", "--prompt", "hi", "--max-tokens", "4"]
+    assert cli.main(args) == 0
+    streamed = capsys.readouterr().out
+    assert cli.main(args + ["--json"]) == 0
+    text = json.loads(capsys.readouterr().out)["plain"]["text"]
+    # the text as it was committed, then the stats table
+    assert text.strip() and streamed.startswith(text + "\n") and re.search(r"emitted_tokens\s+4", streamed)
 
 
 def test_one_set_of_model_defaults():

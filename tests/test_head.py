@@ -229,7 +229,10 @@ def test_sampling_at_temperature_keeps_the_target_distribution(smol_llama, tmp_p
     ids = tok.encode("The three primary colours are")
     rep = check_sampling(plain, spec, [ids], 0.7, 0.9, positions=2, min_tv=0.15)
     assert rep.verdict == "PASS", rep.summary()
-    assert 0.0 <= rep.bug_bias[0].tv <= 1.0  # the bug's bias, computed with the head's q on the prompt's features
+    by_pos = {r.position: r for r in rep.results}
+    # on llama.cpp the prefill returns no features, so the first token is a plain step's and the
+    # head's drafts (and their rejections) start at position 2: that is the position tested
+    assert by_pos[1].rejections == 0 and by_pos[2].tested, rep.summary()
 
 
 def test_train_head_cli_end_to_end_and_resume(tmp_path, capsys):

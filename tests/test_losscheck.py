@@ -19,7 +19,8 @@ from fakes import CharTokenizer, CycleRunner
 def test_required_samples_formula():
     # (z_{0.975} + z_{0.8})^2 / (2 * 0.1^2) = (1.95996 + 0.84162)^2 / 0.02 = 392.4
     assert required_samples(0.1) == 393
-    assert required_samples(0.1, n_tests=4) > 393  # Bonferroni asks for more
+    # Bonferroni over 4 tests: (z_{1 - 0.05/8} + z_{0.8})^2 / 0.02 = (2.49771 + 0.84162)^2 / 0.02 = 557.6
+    assert required_samples(0.1, n_tests=4) == 558
     with pytest.raises(ValueError):
         required_samples(0.0)
 

@@ -39,11 +39,22 @@ def test_tiny_temperature_is_greedy_not_nan():
     import torch
 
     from draftwise.sampling import SamplingParams
+    from draftwise.sampling import GREEDY_BELOW
+
     p = SamplingParams(1.401298464324817e-45)
-    assert p.greedy
-    assert not SamplingParams(1e-4).greedy
-    logits = torch.tensor([[1.0, 3.0, 2.0]])
-    assert torch.isfinite(torch.softmax(logits / 1e-4, -1)).all()  # the smallest sampled T is finite
+    assert p.greedy and SamplingParams(GREEDY_BELOW * 0.999).greedy
+    assert not SamplingParams(GREEDY_BELOW).greedy
+    with pytest.raises(ValueError, match="greedy"):
+        warp(torch.tensor([[1.0, 3.0, 2.0]]), p)
+    # the smallest sampled temperature warps to finite probabilities, even from large logits
+    for logits in (torch.tensor([[1.0, 3.0, 2.0]]), torch.tensor([[1e3, 3e3, 2e3]])):
+        assert torch.equal(warp(logits, SamplingParams(GREEDY_BELOW)), torch.tensor([[0.0, 1.0, 0.0]]))
+    # and a request at the tiny temperature decodes greedily through the engine
+    from fakes import CharTokenizer, CycleRunner
+
+    from draftwise.engine import Engine
+    eng = Engine(CycleRunner(), CharTokenizer())
+    assert eng.generate([0], max_tokens=3, temperature=1.401298464324817e-45).token_ids == [1, 2, 3]
 
 
 @pytest.mark.parametrize("top_p", [5e-324, 1e-45, 1e-9])

@@ -150,14 +150,14 @@ def test_thread_and_failed_delivery_cancels():
     sched.start()
     c = Collector()
     sched.submit(Request(PROMPTS[0], 20, SamplingParams(), c))
-    assert c.done.wait(10) and c.result.token_ids
+    assert c.done.wait(10) and c.result.token_ids == list(range(2, 16)) and c.result.finish_reason == "stop"  # to EOS 15
 
     def gone(ev):
         raise RuntimeError("event loop closed")
     sched.submit(Request(PROMPTS[1], 400, SamplingParams(), gone))
     c2 = Collector()
     sched.submit(Request(PROMPTS[2], 5, SamplingParams(), c2))
-    assert c2.done.wait(10)
+    assert c2.done.wait(10) and c2.result.token_ids == [11, 12, 13, 14, 15]
     for _ in range(1000):  # the undeliverable request is dropped at the scheduler's next step
         if sched.counts() == (0, 0):
             break
