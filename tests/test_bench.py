@@ -462,8 +462,6 @@ def test_report_embeds_plots(tmp_path):
 def test_cli_bench_report_only(tmp_path, capsys):
     from draftwise import cli
 
-    if not hasattr(cli, "cmd_bench"):
-        pytest.skip("draftwise.cli has no bench subcommand yet")
     out = tmp_path / "out"
     run_bench(config(tmp_path), engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
     assert cli.main(["bench", "--report-only", "--out", str(out)]) == 0

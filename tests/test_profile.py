@@ -74,10 +74,17 @@ def test_fake_runner_times_grow_with_k_and_batch():
 
 
 def test_given_context_tokens_and_save(tmp_path):
-    runner = SleepRunner()
+    prefills = []  # what each sequence is fed first: its context
+
+    class Rec(SleepRunner):
+        def forward(self, seq_ids, tokens, num_logits):
+            prefills.extend(list(t) for s, t in zip(seq_ids, tokens) if self.lengths[s] == 0)
+            return super().forward(seq_ids, tokens, num_logits)
+    runner = Rec()
     res = profile_runner(runner, ks=[2], batch_sizes=[3], context_len=5, repeats=1, warmup=0,
                          tokens=[1, 2, 3, 4, 5, 6, 7])
     assert res.rows[0]["batch"] == 3 and res.context_len == 5
+    assert prefills and all(p == [1, 2, 3, 4, 5] for p in prefills)  # the given tokens' first 5
     path = res.save(tmp_path / "out" / "profile.json")
     assert ProfileResult.load(path) == res
 

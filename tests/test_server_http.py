@@ -51,16 +51,14 @@ def test_unknown_routes_and_methods(srv, method, path, status):
     (b"{not json", "not valid JSON"),
     (b'{"model": "toy", "prompt": "a",}', "not valid JSON"),
     (b"\xff\xfe{\x00}", "parsing the body"),  # not UTF-8
-    (b"[" * 100_000 + b"]" * 100_000, "parsing the body"),  # deeper than json.loads recurses
+    (b"[" * 2000 + b"]" * 2000, "parsing the body"),  # within the size limit, deeper than json.loads recurses
 ])
 def test_bodies_that_do_not_parse(srv, body, words):
-    big = len(body) > 4096
-    err = openai_error(raw(srv, body), 413 if big else 400, None)
-    assert big or words in err["message"]
+    err = openai_error(raw(srv, body), 400, None)
+    assert words in err["message"]
 
 
 def test_deep_json_within_the_size_limit(srv):
-    openai_error(raw(srv, b"[" * 2000 + b"]" * 2000), 400, None)
     openai_error(raw(srv, b'{"model": "toy", "prompt": ' + b"[" * 500 + b"]" * 500 + b"}"), 400, "prompt")
 
 
