@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -208,8 +209,6 @@ def plan_here(spec, out: Path, workload: str, n: int | None, seed: int, max_toke
     every fixed D predicted (replay) and written with the engine settings of the best one before
     any measured run; then (`measure`) plain, the drafter at `auto` and at the best fixed D
     measured side by side. Returns the predictions."""
-    import sys
-
     from draftwise.bench import BenchConfig, run_bench, summarise
     from draftwise.bench.config import load_prompts
     from draftwise.build import build_engine, load_drafter
