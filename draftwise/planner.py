@@ -105,7 +105,7 @@ class RequestPlan:
     probe_gap: int = 2
     probed: bool = False  # its first probe ran
     saved_s: float = 0.0  # since then: measured seconds its speculative rounds saved over plain steps
-    cap: int = 0  # its max_tokens (0: unknown, Planner.expected_remaining is then `remaining`)
+    cap: int = 0  # its max_tokens after the prefill's token (0: nothing to plan; no length recorded)
     # before its draft model first drafts (Planner._looks): the model's planned rate on the
     # request's current estimate (0: it would not pay), and the seconds it would have saved so far
     model_rate: float = 0.0
@@ -399,9 +399,7 @@ class Planner:
         over: the mean, over the recent requests that emitted more than it has so far, of what they
         emitted beyond that (up to this request's room), with one request that runs to its cap as
         the prior. A request cut at its own max_tokens counts as running to this one's cap (it had
-        not finished). Without such evidence (or `cap` unknown): all the room left."""
-        if req.cap <= 0:
-            return float(req.remaining)
+        not finished). Without such evidence: all the room left."""
         n = req.cap - req.remaining
         left = [req.remaining] + [min(length - n, req.remaining) if ended else req.remaining
                                   for length, ended in self.lengths if length > n]
@@ -417,13 +415,12 @@ class Planner:
         m = (self._paid[0] + 1) / (self._paid[1] + 2)
         return min(m + float(np.sqrt(m * (1 - m) / (self._paid[1] + 3))), 1.0)
 
-    def finish(self, req: RequestPlan, length: int | None = None) -> None:
+    def finish(self, req: RequestPlan, length: int) -> None:
         """A request ended: record its length (expected_remaining) and whether its first probe
-        paid off. `length`: the tokens it delivered, as counted against `cap` (default: what its
-        rounds emitted, which counts tokens past a stop string or EOS)."""
+        paid off. `length`: the tokens it delivered, as counted against `cap` (its rounds' emitted
+        tokens would also count those past a stop string or EOS)."""
         if req.cap > 0:
-            n = req.cap - req.remaining if length is None else length
-            self.lengths.append((n, n < req.cap))
+            self.lengths.append((length, length < req.cap))
         if req.probed:
             self._record_probe(float(req.saved_s > 0))
         else:

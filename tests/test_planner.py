@@ -382,14 +382,14 @@ def test_first_probes_stop_once_they_keep_failing_to_pay():
             for _ in range(20):  # then speculation, 3 tokens a round
                 pl.commit(r, Plan(2, 1.0, 1.0), 0, 0, 3, round_s=spec_round_s)
         pl.commit(r, Plan(0, 1.0, 1.0), 0, 0, r.remaining)  # it runs to max_tokens (expected_remaining)
-        pl.finish(r)
+        pl.finish(r, r.cap - r.remaining)
         return p.probe
     pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0), look_first=0)
     probed = [request(pl, 0.029) for _ in range(12)]  # 1 ms saved a round: 20 ms, not 490
     assert all(probed[:3]) and sum(probed[-6:]) <= 2, probed
     assert pl.plan(pl.new_request(1000), behind=1).probe  # a probe without a catch-up still runs
     for _ in range(30):  # requests that do not probe widen the bound again: it explores again later
-        pl.finish(pl.new_request(1000))
+        pl.finish(pl.new_request(1000), 0)
     assert pl.plan(pl.new_request(1000), behind=500).probe
     # first probes whose requests then save more than the catch-up keep being paid for
     pl = planner(per_token_ms=2.0, prior=0.3, draft=curve(1.0, first_ms=2.0), look_first=0)
@@ -407,7 +407,7 @@ def test_first_probe_weighs_the_tighter_bound_by_the_chance_it_pays():
     for _ in range(3):
         r = pl.new_request(1000)
         r.probed, r.saved_s = True, -0.1
-        pl.finish(r)
+        pl.finish(r, r.cap - r.remaining)
     chance, catch_up = pl.probes_pay(), pl.draft_cost(1, 2000) - pl.draft_cost(1, 1)
     assert 0.3 < chance < 0.45 and catch_up == pytest.approx(2.0, abs=0.01)
     # 10k tokens: 0.3 ms x 10k = 3 s and chance x 1.7 ms x 10k = 6.5 s each exceed the 2 s catch-up,
@@ -734,7 +734,7 @@ def test_a_catch_up_is_weighed_by_how_long_recent_requests_ran_not_by_max_tokens
     for _ in range(20):  # recent requests stopped (EOS) after 10 tokens
         r = pl.new_request(400)
         pl.commit(r, Plan(0, 1.0, 1.0), 0, 0, 10)
-        pl.finish(r)
+        pl.finish(r, r.cap - r.remaining)
     fresh = pl.new_request(400)
     assert pl.expected_remaining(fresh) == pytest.approx((400 + 20 * 10) / 21)  # the cap as one prior request
     assert pl.plan(fresh, behind=200).d == 0  # ~29 tokens to save on: the catch-up cannot pay
@@ -744,7 +744,7 @@ def test_a_catch_up_is_weighed_by_how_long_recent_requests_ran_not_by_max_tokens
     for _ in range(20):  # requests cut at their max_tokens had not finished: they count as running on
         r = pl.new_request(50)
         pl.commit(r, Plan(0, 1.0, 1.0), 0, 0, 50)
-        pl.finish(r)
+        pl.finish(r, r.cap - r.remaining)
     assert pl.expected_remaining(pl.new_request(400)) == pytest.approx((400 + 20 * 10 + 20 * 400) / 41)
 
 
