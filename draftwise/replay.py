@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from draftwise.drafters.base import Proposal
+from draftwise.drafters.base import Proposal, common_prefix
 from draftwise.planner import Planner
 from draftwise.policy import shadow_tree, tree_steps
 from draftwise.sampling import SamplingParams
@@ -49,7 +49,7 @@ def replay(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128) ->
             if len(toks) < d and stop is not None and stop.ends_at(i, conf):
                 stop_conf = conf
                 break
-        a = len(_path(Proposal(toks), out, t))
+        a = common_prefix(toks, out[t:])
         draft_s = planner.draft.raw(behind) + (forwards - 1) * planner.draft.raw(1) if forwards else 0.0
         round_s = draft_s + planner.verify.raw(len(toks) + 1)
         emitted = min(a + 1, n - t)
