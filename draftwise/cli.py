@@ -94,6 +94,16 @@ def _draft_len(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0 or 'auto', got {text!r}") from None
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return n
+
+
 def _spec(a, **kw):
     from draftwise.build import EngineSpec, ModelFields
 
@@ -192,7 +202,7 @@ def cmd_train_head(a) -> int:
     from draftwise.train_head import TrainConfig, extract, train
 
     cfg = TrainConfig(a.out, a.max_tokens, a.answers, a.answer_tokens, a.seq_len, a.draft_vocab, a.intermediate,
-                      a.ttt_steps, a.epochs, a.batch, a.lr)
+                      a.ttt_steps, a.epochs, a.batch, a.lr, subsample=a.subsample)
     backend = a.backend or "llama.cpp"
     runner, tok = load_runner(a.target, backend, a.threads, None,
                               **({"n_batch": cfg.seq_len} if backend == "llama.cpp" else {}))
@@ -516,16 +526,18 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--backend", choices=("torch", "llama.cpp"), default=None, help="feature extraction (default llama.cpp)")
     th.add_argument("--threads", type=int, default=None)
     th.add_argument("--out", default="results/head", help="features, checkpoints and the head (OUT/head)")
-    th.add_argument("--max-tokens", type=int, default=300_000, help="text tokens to train on")
+    th.add_argument("--max-tokens", type=_positive, default=300_000, help="text tokens to train on")
     th.add_argument("--answers", type=int, default=600, help="instructions the target answers first (its own text)")
-    th.add_argument("--answer-tokens", type=int, default=192)
-    th.add_argument("--seq-len", type=int, default=512)
-    th.add_argument("--draft-vocab", type=int, default=8192)
-    th.add_argument("--intermediate", type=int, default=1536, help="the head's MLP width")
-    th.add_argument("--ttt-steps", type=int, default=3, help="draft steps unrolled in training")
-    th.add_argument("--epochs", type=int, default=2)
-    th.add_argument("--batch", type=int, default=4)
+    th.add_argument("--answer-tokens", type=_positive, default=192)
+    th.add_argument("--seq-len", type=_positive, default=512)
+    th.add_argument("--draft-vocab", type=_positive, default=8192)
+    th.add_argument("--intermediate", type=_positive, default=1536, help="the head's MLP width")
+    th.add_argument("--ttt-steps", type=_positive, default=3, help="draft steps unrolled in training")
+    th.add_argument("--epochs", type=_positive, default=2)
+    th.add_argument("--batch", type=_positive, default=4)
     th.add_argument("--lr", type=float, default=6e-4)
+    th.add_argument("--subsample", type=_positive, default=1, metavar="N",
+                    help="train on every N-th training sequence (held-out slice unchanged): how acceptance grows with data")
     th.set_defaults(fn=cmd_train_head)
 
     p = sub.add_parser("profile", help="time one forward over k new tokens (logits at all k), per k and batch")

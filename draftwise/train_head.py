@@ -50,6 +50,7 @@ class TrainConfig:
     lr: float = 6e-4
     save_every: int = 50
     seed: int = 0
+    subsample: int = 1  # train on every n-th training sequence (the held-out slice unchanged): data scaling
 
 
 # --- 2. features --------------------------------------------------------------------------
@@ -224,7 +225,7 @@ def train(cfg: TrainConfig, runner, log=None) -> dict:
     man = json.loads((root / "features" / "manifest.json").read_text())
     seqs = _load_shards(root / "features", man)
     held_seqs = seqs[19::20]  # every 20th sequence (5%, answers and other text alike): never trained on
-    train_seqs = [s for i, s in enumerate(seqs) if i % 20 != 19]
+    train_seqs = [s for i, s in enumerate(seqs) if i % 20 != 19][::cfg.subsample]  # every n-th: the same mix
     held = len(held_seqs)
     H, V = runner.hidden_size, runner.vocab_size
     ids = draft_vocabulary(train_seqs, cfg.draft_vocab, V)

@@ -252,6 +252,19 @@ def test_train_head_cli_end_to_end_and_resume(tmp_path, capsys):
     assert [e["step"] for e in log["epochs"]] == [steps, 2 * steps]
     runner, _ = load_runner("smollm2-135m", "torch", threads=2)
     assert load_head(out / "head", runner).config.draft_vocab_size == 512
+    # --subsample 2 on the same features: every 2nd training sequence, the same held-out slice
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "features").symlink_to(out / "features")
+    n = sum(len(t) >= 8 for sh in man["shards"] for t in torch.load(out / "features" / sh["file"])["tokens"])
+    n_train = sum(i % 20 != 19 for i in range(n))
+    assert cli.main(["train-head", "--target", "smollm2-135m", "--out", str(half), "--draft-vocab", "512",
+                     "--intermediate", "128", "--epochs", "1", "--ttt-steps", "2", "--subsample", "2"]) == 0
+    sub = json.loads((half / "train" / "log.json").read_text())
+    assert steps == -(-n_train // 4) and sub["epochs"][0]["step"] == -(-((n_train + 1) // 2) // 4)
+    with pytest.raises(SystemExit):
+        cli.main(["train-head", "--out", str(half), "--subsample", "0"])
+    assert "--subsample: expected an integer >= 1, got '0'" in capsys.readouterr().err
 
 
 def test_a_head_exported_for_vllm_feeds_its_fc_the_same_normed_state(tmp_path, capsys):
