@@ -35,6 +35,9 @@ import torch.nn.functional as F
 from draftwise.head_text import answers, local_texts
 from draftwise.models.head import DraftHead, HeadConfig, new_head, save_head
 
+TRAIN_ROWS = 512  # rows of the products timed to choose the training precision (_mixed)
+
+
 @dataclass(slots=True)
 class TrainConfig:
     out: str
@@ -252,9 +255,10 @@ def train(cfg: TrainConfig, runner, log=None) -> dict:
         state = c["state"]
         log(f"resumed at step {state['step']} of {total}")
     cover = sum(int((t2d[s["argmax"]] >= 0).sum()) for s in held_seqs) / sum(len(s["argmax"]) for s in held_seqs)
+    autocast = "bfloat16" if _bf16(head) else "float32"
     log(f"head: {sum(p.numel() for p in head.parameters() if p.requires_grad) / 1e6:.1f} M trainable parameters; "
         f"draft vocabulary {len(ids)} covers {cover:.1%} of the held-out greedy tokens; "
-        f"{len(train_seqs)} training / {held} held-out sequences; {total} steps")
+        f"{len(train_seqs)} training / {held} held-out sequences; {total} steps; products in {autocast}")
     t0, base = time.perf_counter(), state["seconds"]
     tok_since, ema = 0, None
     while state["step"] < total:
@@ -300,21 +304,25 @@ def train(cfg: TrainConfig, runner, log=None) -> dict:
     save_head(head, root / "head")
     out = {"config": asdict(cfg), "features": {k: man.get(k) for k in ("sources", "seconds", "answer_seconds", "model")},
            "feature_tokens": sum(s["tokens"] for s in man["shards"]), "draft_vocab_coverage": cover,
-           "train_seconds": state["seconds"], "train_tokens": state["tokens"], "epochs": state["epochs"],
+           "train_seconds": state["seconds"], "train_tokens": state["tokens"], "autocast": autocast, "epochs": state["epochs"],
            "head_params": sum(p.numel() for p in head.weights().values())}
     (tdir / "log.json").write_text(json.dumps(out, indent=1))
     return out
 
 
-def _mixed(head: DraftHead) -> torch.autocast:
-    """bf16 autocast (weights and gradients stay fp32) where the head's products run clearly faster
-    in bf16: on CUDA, and on a CPU where head_runner.fastest_dtype picks it (2.5x the training
-    tokens/s on the AMD EPYC machine type)."""
+def _bf16(head: DraftHead) -> bool:
+    """Whether the head's products over a training batch's rows run clearly faster in bf16: on
+    CUDA, and on a CPU where head_runner.fastest_dtype picks it for TRAIN_ROWS rows (2.5x the
+    training tokens/s on the AMD EPYC machine type). The rows matter: for a drafted token's one
+    row bf16 can be level with fp32 where for 512 rows it is 4x faster (the Intel Xeon type)."""
     from draftwise.backends.head_runner import fastest_dtype
 
-    dev = head.fc.weight.device.type
-    on = dev == "cuda" or fastest_dtype(head) == torch.bfloat16
-    return torch.autocast(dev, dtype=torch.bfloat16, enabled=on)
+    return head.fc.weight.device.type == "cuda" or fastest_dtype(head, rows=TRAIN_ROWS) == torch.bfloat16
+
+
+def _mixed(head: DraftHead) -> torch.autocast:
+    """bf16 autocast where `_bf16` (weights and gradients stay fp32)."""
+    return torch.autocast(head.fc.weight.device.type, dtype=torch.bfloat16, enabled=_bf16(head))
 
 
 def _save(path: Path, head, opt, sched, state: dict, seconds: float) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from draftwise import cli
+from draftwise import cli, train_head
 from draftwise.backends.head_runner import HeadRunner
 from draftwise.drafters.head import HeadDrafter
 from draftwise.engine import Engine
@@ -176,10 +176,16 @@ def test_a_head_runs_in_bf16_only_where_that_is_clearly_faster(smol_torch, tmp_p
     head = load_head(_head_dir(runner, tmp_path / "h"), runner)
     for bf16_s, want in ((0.85, torch.float32), (0.75, torch.bfloat16)):  # fp32 takes 1.0
         monkeypatch.setattr(head_runner, "_CHOSEN", {})
-        monkeypatch.setattr(head_runner, "_token_s", lambda mats, r, b=bf16_s: b if mats[0].dtype == torch.bfloat16 else 1.0)
+        monkeypatch.setattr(head_runner, "_token_s", lambda mats, r, rows=1, b=bf16_s: b if mats[0].dtype == torch.bfloat16 else 1.0)
         assert head_runner.fastest_dtype(head) == want
-    monkeypatch.setenv("DRAFTWISE_HEAD_DTYPE", "float32")
+    # level for a drafted token's one row, 4x faster for a training batch's rows: the choice follows the rows
+    monkeypatch.setattr(head_runner, "_CHOSEN", {})
+    monkeypatch.setattr(head_runner, "_token_s",
+                        lambda mats, r, rows=1: (1.0 if rows == 1 else 0.25) if mats[0].dtype == torch.bfloat16 else 1.0)
     assert head_runner.fastest_dtype(head) == torch.float32
+    assert head_runner.fastest_dtype(head, rows=512) == torch.bfloat16 and train_head._bf16(head)
+    monkeypatch.setenv("DRAFTWISE_HEAD_DTYPE", "float32")
+    assert head_runner.fastest_dtype(head) == torch.float32 and not train_head._bf16(head)
     monkeypatch.setenv("DRAFTWISE_HEAD_DTYPE", "fp16")
     with pytest.raises(ValueError, match="DRAFTWISE_HEAD_DTYPE"):
         head_runner.fastest_dtype(head)
