@@ -17,7 +17,8 @@
    checkpoint every `save_every` steps and at each epoch's end (OUT/train/ckpt.pt), so a rerun
    resumes; each epoch ends with teacher-forced acceptance per draft position on the held-out 5%
    (every 20th sequence), and on its answers alone. Training runs under bf16 autocast where that is
-   faster (`_mixed`).
+   faster at a training batch's rows (`_bf16`). `subsample` n trains on every n-th training
+   sequence (the held-out slice unchanged): how acceptance grows with the text.
 4. The head (config.json + bf16 model.safetensors) in OUT/head, the log in OUT/train/log.json.
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 from draftwise.head_text import answers, local_texts
 from draftwise.models.head import DraftHead, HeadConfig, new_head, save_head
 
-TRAIN_ROWS = 512  # rows of the products timed to choose the training precision (_mixed)
+TRAIN_ROWS = 512  # rows of the products timed to choose the training precision (_bf16)
 
 
 @dataclass(slots=True)
