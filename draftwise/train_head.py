@@ -199,14 +199,14 @@ def _batches(seqs: list[dict], batch: int, gen: torch.Generator):
                torch.stack([s["argmax"][:T] for s in group]))
 
 
-def evaluate(head: DraftHead, seqs: list[dict], steps: int, t2d: torch.Tensor, batch: int) -> dict:
+def evaluate(head: DraftHead, seqs: list[dict], steps: int, t2d: torch.Tensor, batch: int, bf16: bool = False) -> dict:
     """Teacher-forced acceptance per draft position on held-out sequences: of the chains whose
     first k-1 drafted tokens all equal the target's greedy tokens, the share whose k-th does."""
     hits = [0] * steps
     tot = [0] * steps
     with torch.no_grad():
         for tok, feats, am in _batches(seqs, batch, torch.Generator().manual_seed(0)):
-            with _mixed(head):
+            with _mixed(head, bf16):
                 _, _, alive, _ = ttt_losses(head, tok, feats, am, steps, t2d)
             for s, a in enumerate(alive):
                 hits[s] += int(a.sum())
@@ -256,7 +256,8 @@ def train(cfg: TrainConfig, runner, log=None) -> dict:
         state = c["state"]
         log(f"resumed at step {state['step']} of {total}")
     cover = sum(int((t2d[s["argmax"]] >= 0).sum()) for s in held_seqs) / sum(len(s["argmax"]) for s in held_seqs)
-    autocast = "bfloat16" if _bf16(head) else "float32"
+    bf16 = _bf16(head)  # timed once: the products' precision for every batch
+    autocast = "bfloat16" if bf16 else "float32"
     log(f"head: {sum(p.numel() for p in head.parameters() if p.requires_grad) / 1e6:.1f} M trainable parameters; "
         f"draft vocabulary {len(ids)} covers {cover:.1%} of the held-out greedy tokens; "
         f"{len(train_seqs)} training / {held} held-out sequences; {total} steps; products in {autocast}")
@@ -268,7 +269,7 @@ def train(cfg: TrainConfig, runner, log=None) -> dict:
         for i, (tok, feats, am) in enumerate(_batches(train_seqs, cfg.batch, gen)):
             if epoch * steps_per_epoch + i < state["step"]:
                 continue  # resumed: this epoch's batches already trained on
-            with _mixed(head):
+            with _mixed(head, bf16):
                 loss, top1, _, _ = ttt_losses(head, tok, feats, am, cfg.ttt_steps, t2d)
             opt.zero_grad()
             loss.backward()
@@ -289,10 +290,10 @@ def train(cfg: TrainConfig, runner, log=None) -> dict:
             if state["step"] >= total:
                 break
         print(file=sys.stderr)
-        ev = evaluate(head, held_seqs, cfg.ttt_steps, t2d, cfg.batch)
+        ev = evaluate(head, held_seqs, cfg.ttt_steps, t2d, cfg.batch, bf16)
         chat = [s for s in held_seqs if s["source"] == "answer"]
         if chat:  # the target's own answers alone: the text a head drafts in generation
-            ev["answers"] = evaluate(head, chat, cfg.ttt_steps, t2d, cfg.batch)
+            ev["answers"] = evaluate(head, chat, cfg.ttt_steps, t2d, cfg.batch, bf16)
         state["epochs"].append({"epoch": epoch + 1, "step": state["step"], **ev, "train_loss": ema[0],
                                 "train_top1": ema[1]})
         log(f"epoch {epoch + 1}: held-out teacher-forced acceptance per position "
@@ -321,9 +322,9 @@ def _bf16(head: DraftHead) -> bool:
     return head.fc.weight.device.type == "cuda" or fastest_dtype(head, rows=TRAIN_ROWS) == torch.bfloat16
 
 
-def _mixed(head: DraftHead) -> torch.autocast:
-    """bf16 autocast where `_bf16` (weights and gradients stay fp32)."""
-    return torch.autocast(head.fc.weight.device.type, dtype=torch.bfloat16, enabled=_bf16(head))
+def _mixed(head: DraftHead, on: bool) -> torch.autocast:
+    """bf16 autocast where `on` (`_bf16`); weights and gradients stay fp32."""
+    return torch.autocast(head.fc.weight.device.type, dtype=torch.bfloat16, enabled=on)
 
 
 def _save(path: Path, head, opt, sched, state: dict, seconds: float) -> None:
