@@ -316,7 +316,7 @@ def _bf16(head: DraftHead) -> bool:
     """Whether the head's products over a training batch's rows run clearly faster in bf16: on
     CUDA, and on a CPU where head_runner.fastest_dtype picks it for TRAIN_ROWS rows (2.5x the
     training tokens/s on the AMD EPYC machine type). The rows matter: for a drafted token's one
-    row bf16 can be level with fp32 where for 512 rows it is 4x faster (the Intel Xeon type)."""
+    row bf16 can be level with fp32 where for 512 rows it is much faster (the Intel Xeon type)."""
     from draftwise.backends.head_runner import fastest_dtype
 
     return head.fc.weight.device.type == "cuda" or fastest_dtype(head, rows=TRAIN_ROWS) == torch.bfloat16

@@ -112,8 +112,8 @@ def fastest_dtype(head: DraftHead, repeats: int = 5, rows: int = 1) -> torch.dty
     """float32 or bfloat16, for a head on the CPU: the matrix products of `rows` positions (every
     linear layer and the LM head rows; the rest of a position's work is small) timed in both, best
     of `repeats`; bfloat16 where it takes at most CLEARLY of float32's time. Drafting passes one
-    row (a drafted token); training passes its batch's rows, where bf16 matrix instructions gain
-    far more than for one row (on the Intel Xeon type: 4.4x for 2048 rows, level for one).
+    row (a drafted token); training passes its batch's rows, where bf16 matrix instructions can
+    gain far more than for one row (on the Intel Xeon type: level for one row, faster for many).
     DRAFTWISE_HEAD_DTYPE (float32 | bfloat16) overrides."""
     want = os.environ.get("DRAFTWISE_HEAD_DTYPE")
     if want:
