@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
+from contextlib import closing
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -109,7 +110,7 @@ class SamplingReport:
     required_rejections: int
     results: list[PositionResult] = field(default_factory=list)
     bug_bias: list[BugBias] = field(default_factory=list)  # per prompt, at position 1 (if predicted)
-    rounds: int = 0  # the speculative draws' verification rounds
+    rounds: int = 0  # the speculative draws' verification rounds, to the last tested position
     tree_rounds: int = 0  # ... of which the draft was a candidate tree
 
     @property
@@ -129,7 +130,7 @@ class SamplingReport:
                  f"rejections at tested positions: {rej} in all; a position counts as tested with "
                  f">= {self.required_rejections}",
                  *([f"candidate trees: {self.tree_rounds} of the speculative draws' {self.rounds} "
-                    "verification rounds"] if self.tree_rounds else []),
+                    "verification rounds to the tested positions"] if self.tree_rounds else []),
                  "prompt pos  rejections  tested  categories  chi2 p     G p        TV [95% CI]"]
         for r in self.results:
             lines.append(f"{r.prompt:6d} {r.position:3d}  {r.rejections:10d}  {str(r.tested):6}  {r.categories:10d}  "
@@ -151,15 +152,25 @@ class SamplingReport:
                 "results": [asdict(r) for r in self.results], "bug_bias": [asdict(b) for b in self.bug_bias]}
 
 
-def _draw(engine: Engine, ids: list[int], m: int, seeds: range, kw: dict, rep=None) -> tuple[list[list[int]], list[list]]:
+def _draw(engine: Engine, ids: list[int], m: int, keep: int, seeds: range, kw: dict,
+          rep=None) -> tuple[list[list[int]], list[list]]:
+    """Per seed, the first `keep` tokens of a request for `m` (ENDED-padded) and its rounds up to
+    them: a draw stops once they are committed (the later ones are not tested), its prompt's KV
+    kept for the next draw. `m` > `keep` leaves the tested rounds room for a full draft."""
     outs, rounds = [], []
     for s in seeds:
-        r = engine.generate(ids, max_tokens=m, seed=s, private=True, **kw)  # every draw drafts from one state
-        outs.append(r.token_ids + [ENDED] * (m - len(r.token_ids)))
-        rounds.append(r.rounds)
+        toks, rs = [], []
+        with closing(engine.stream(ids, max_tokens=m, seed=s, private=True, **kw)) as chunks:  # one drafter state
+            for chunk in chunks:
+                toks += chunk.token_ids
+                rs += [chunk.round] if chunk.round is not None else []
+                if len(toks) >= keep:
+                    break
+        outs.append((toks + [ENDED] * keep)[:keep])
+        rounds.append(rs)
         if rep is not None:
-            rep.rounds += r.stats.verification_rounds
-            rep.tree_rounds += r.stats.tree_rounds
+            rep.rounds += len(rs)
+            rep.tree_rounds += sum(r.tree for r in rs)
     engine.release()  # the kept prompt state: several engines may share one runner
     return outs, rounds
 
@@ -182,11 +193,11 @@ def check_sampling(plain: Engine, spec: Engine, prompts: list[list[int]], temper
         if plain_samples is not None and i in plain_samples:
             base = plain_samples[i]
         else:
-            base, _ = _draw(plain, ids, positions + 1, range(10**6, 10**6 + n), kw)
+            base, _ = _draw(plain, ids, positions + 1, positions + 1, range(10**6, 10**6 + n), kw)
             if plain_samples is not None:
                 plain_samples[i] = base
         # room for a full draft at every tested position, so drafting is as in normal use
-        draws, rounds = _draw(spec, ids, positions + 1 + spec.max_draft, range(n), kw, rep)
+        draws, rounds = _draw(spec, ids, positions + 1 + spec.max_draft, positions + 1, range(n), kw, rep)
         rejected_at = Counter(r.position + r.accepted for rs in rounds for r in rs if r.rejected)
         for j in range(1, positions + 1):  # position 0 comes from the prompt's logits: never drafted
             a, b = [o[j] for o in draws], [o[j] for o in base[:n]]

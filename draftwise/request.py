@@ -13,11 +13,13 @@ from draftwise.stats import SpecStats
 class Round(NamedTuple):
     """One verification round: the output position of its first draft token, tokens proposed,
     draft tokens accepted, and whether it ended at a rejection (its last token a recovered one)
-    rather than with a bonus token (a chain accepted whole, a tree's path to a leaf)."""
+    rather than with a bonus token (a chain accepted whole, a tree's path to a leaf), and whether
+    its draft was a candidate tree."""
     position: int
     proposed: int
     accepted: int
     rejected: bool
+    tree: bool = False
 
 
 class PlanStep(NamedTuple):
@@ -77,6 +79,7 @@ class Chunk:
     finish_reason: str | None = None  # "stop" | "length" on the last chunk
     result: GenerationResult | None = None  # on the last chunk
     logprobs: list[TokenLogprobs] | None = None  # one per token, when the request asked for them
+    round: Round | None = None  # the verification round that committed them (None: the prefill's token, a plain step)
 
 
 def check_request(target, drafter, prompt_ids: list[int], max_tokens: int, d_max: int) -> None:

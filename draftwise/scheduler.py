@@ -125,8 +125,8 @@ class Scheduler:
     """`policy` picks D (default: plain decoding); `sampler` and `tree_sampler` are the acceptance
     rules for chains and candidate trees at temperature > 0 (swappable only so that `draftwise
     verify` can show it catches a wrong one). With
-    `reuse_prefix`, a finished request's prompt KV (target and drafter) is kept for the next
-    request with the same prompt. `pad_ragged` (llama.cpp with per-sequence KV streams, which
+    `reuse_prefix`, a finished (or cancelled) request's prompt KV (target and drafter) is kept for
+    the next request with the same prompt. `pad_ragged` (llama.cpp with per-sequence KV streams, which
     splits a batch into ubatches of equally many tokens per sequence): pad each step's feeds to
     equal length, trading ragged ubatches for wasted rows. `reserve_draft`: the context check
     leaves room for a whole draft after max_tokens; False checks only prompt + max_tokens, which is
@@ -429,7 +429,8 @@ class Scheduler:
         if prop.tokens:
             st.stats.record_round(len(prop.tokens), res.num_accepted,
                                   max(tree_layout(prop.parents)[0]) + 1 if res.path is not None else None)
-            st.rounds.append(Round(len(st.out.token_ids), len(prop.tokens), res.num_accepted, not res.bonus))
+            st.rounds.append(Round(len(st.out.token_ids), len(prop.tokens), res.num_accepted, not res.bonus,
+                                   res.path is not None))
             self.observer.round(len(prop.tokens), res.num_accepted)
         else:
             st.stats.plain_steps += 1
@@ -639,7 +640,7 @@ class Scheduler:
         if not st.times:
             st.ttft = now
         st.times.append(now)
-        chunk = Chunk(kept, delta, now, st.out.finish_reason)
+        chunk = Chunk(kept, delta, now, st.out.finish_reason, round=st.rounds[-1] if from_round else None)
         if logprobs is not None:
             chunk.logprobs = logprobs[: len(kept)]
             st.logprobs = (st.logprobs or [])
@@ -667,9 +668,10 @@ class Scheduler:
             return None
 
     def _drop(self, st: RequestState, error: BaseException | None) -> None:
-        """Free a request that did not finish: cancelled (error None) or failed."""
+        """Free a request that did not finish: cancelled (error None; its prompt's KV is kept as a
+        finished one's, once prefilled) or failed."""
         try:
-            self._free(st)
+            self._free(st, keep_prompt=error is None and st.prompt_logits is not None)
         finally:
             if error is None:
                 self.observer.cancelled(st.req)

@@ -216,10 +216,11 @@ def evaluate(head: DraftHead, seqs: list[dict], steps: int, t2d: torch.Tensor, b
 
 def acceptance(hits: list[int], chains: list[int]) -> dict:
     """Per draft position k: of the chains whose first k-1 drafts were accepted, the share whose
-    k-th is; `chain`: P(the first k all accepted); their sum is the expected accepted length."""
+    k-th is; `chain`: P(the first k all accepted); their sum is the expected accepted length;
+    `chains`: how many chains were scored at each position."""
     chain = [h / max(t, 1) for h, t in zip(hits, chains)]
     per_pos = [chain[0]] + [chain[s] / max(chain[s - 1], 1e-9) for s in range(1, len(chain))]
-    return {"acceptance_per_position": per_pos, "chain": chain, "expected_accepted": sum(chain)}
+    return {"acceptance_per_position": per_pos, "chain": chain, "expected_accepted": sum(chain), "chains": list(chains)}
 
 
 def train(cfg: TrainConfig, runner, log=None) -> dict:

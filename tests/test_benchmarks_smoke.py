@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from draftwise.bench import BenchConfig, run_bench
+from draftwise.bench.results import Results
 from draftwise.costs import CostCurve
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
@@ -305,13 +306,28 @@ def test_trace_agreement_head_mode(planner_run, tmp_path):
 
     runner = _FeatureRunner()
     emb, rows = runner.embedding_tables()
-    save_head(new_head(HeadConfig(16, 2, 2, 8, 16, 16, 16), emb, rows(torch.arange(16)), torch.zeros(16, dtype=torch.long)),
-              tmp_path / "head")
+    head = new_head(HeadConfig(16, 2, 2, 8, 16, 16, 16), emb, rows(torch.arange(16)), torch.zeros(16, dtype=torch.long))
+    with torch.no_grad():  # out = fc(feature): the feature one-hot(t) -> one-hot(t + 1), the target's next token
+        head.fc.weight.copy_(torch.eye(16)[[(t - 1) % runner.period if t < runner.period else t for t in range(16)]])
+        head.midlayer.self_attn.o_proj.weight.zero_()
+        head.midlayer.mlp.down_proj.weight.zero_()
+    save_head(head, tmp_path / "head")
     res = driver("trace_agreement").head_acceptance(str(planner_run), str(tmp_path / "tf.json"), runner, CharTokenizer(),
                                                     str(tmp_path / "head"), "fake")
-    assert set(res["teacher_forced"]) == {"odd", "even", "all"} and res["generation"] == {}
-    acc = res["teacher_forced"]["all"]["acceptance_per_position"]
-    assert len(acc) == 3 and all(0.0 <= a <= 1.0 for a in acc)
+    tf = res["teacher_forced"]
+    assert set(tf) == {"odd", "even", "all"} and res["generation"] == {}
+    # every output token but the first starts a chain (the head's first draft comes at the second
+    # step); step s is scored where the text goes on for s more tokens after the chain's start
+    plain = [r for r in Results.load(str(planner_run)).requests.values() if r["config"] == "plain"]
+    for cat in ("odd", "even"):
+        outs = [len(r["token_ids"]) for r in plain if r["category"] == cat]
+        assert tf[cat]["chains"] == [sum(outs) - len(outs) * (s - 1) for s in (1, 2, 3)]
+    assert tf["all"]["chains"] == [a + b for a, b in zip(tf["odd"]["chains"], tf["even"]["chains"])]
+    hits = [[c * n for c, n in zip(tf[k]["chain"], tf[k]["chains"])] for k in ("odd", "even", "all")]
+    assert hits[2] == pytest.approx([a + b for a, b in zip(*hits[:2])])  # the categories partition the chains
+    # step 1 reads the target's feature and drafts its next token; step 2 reads its own output
+    # unchanged (no fc), which drafts the token it was fed: never the next one
+    assert tf["all"]["acceptance_per_position"] == [1.0, 0.0, 0.0]
     assert json.loads((tmp_path / "tf.json").read_text()) == res
 
 

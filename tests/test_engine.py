@@ -125,8 +125,31 @@ def test_round_trace_positions():
     _, _, r = run(NgramDrafter(1, 3), 4, max_tokens=12)
     # after the prefill token, 4 proposed, 4 accepted, a bonus; again at position 6; at 11 one token
     # is left, so no draft: a plain step
-    assert r.rounds == [(1, 4, 4, False), (6, 4, 4, False)] and r.stats.plain_steps == 2
-    assert sum(a + 1 for _, _, a, _ in r.rounds) + r.stats.plain_steps == r.stats.emitted_tokens == 12
+    assert r.rounds == [(1, 4, 4, False, False), (6, 4, 4, False, False)] and r.stats.plain_steps == 2
+    assert sum(a + 1 for _, _, a, *_ in r.rounds) + r.stats.plain_steps == r.stats.emitted_tokens == 12
+
+
+def test_stream_chunks_carry_their_rounds():
+    eng = Engine(CycleRunner(), CharTokenizer(), NgramDrafter(1, 3), 4)
+    chunks = list(eng.stream(PROMPT, max_tokens=12))
+    # the prefill's token and the last plain step carry none; each round's chunk holds its tokens
+    assert [c.round for c in chunks if c.round is not None] == chunks[-1].result.rounds
+    assert [len(c.token_ids) for c in chunks] == [1, 5, 5, 1] and chunks[0].round is None is chunks[-1].round
+
+
+def test_a_cancelled_request_keeps_its_prompt_for_the_next():
+    runner = CycleRunner()
+    fed, forward = [], runner.forward
+    runner.forward = lambda seqs, toks, ks, *a: fed.append(sum(map(len, toks))) or forward(seqs, toks, ks, *a)
+    eng = Engine(runner, CharTokenizer(), NgramDrafter(1, 3), 4, reuse_prefix=True)
+    for chunk in eng.stream(PROMPT, max_tokens=20):
+        break  # the consumer stops after the prefill's token: the request is dropped
+    (seq,) = runner.seqs
+    assert runner.seqs[seq] == PROMPT and fed == [len(PROMPT)]
+    full = eng.generate(PROMPT, max_tokens=12)
+    assert len(fed) > 1 and max(fed[1:]) <= 1 + 4  # no prompt forward again
+    assert full.token_ids == Engine(CycleRunner(), CharTokenizer(), NgramDrafter(1, 3), 4).generate(
+        PROMPT, max_tokens=12).token_ids
 
 
 def test_release_frees_the_kept_prompt():

@@ -7,9 +7,9 @@ and that bias is computed beforehand from the models (draftwise.bugbias). The te
 predicted bias is below what the check is sized for (min_tv), if fewer samples were drawn than the
 power calculation asks, or if fewer rejections occurred at position 1 than the check needs.
 
-SmolLM2 + n-gram runs in CI (~90 s; passed here at both settings: real rule p = 0.62 / 0.86, bug
+SmolLM2 + n-gram runs in CI (~55 s; passed here at both settings: real rule p = 0.62 / 0.86, bug
 p = 1e-8 / 3e-9, 145 / 159 rejections at position 1 where 61 are needed), and SmolLM2 + the
-suffix drafter's candidate trees at T 0.7 (~4 min: the wrong rule on tree rounds only). The Qwen
+suffix drafter's candidate trees at T 0.7 (~75 s: the wrong rule on tree rounds only). The Qwen
 pair is opt-in (DRAFTWISE_LOSSLESS_REAL=1) and needs a prompt with a predicted bias >= min_tv
 (QWEN_PROMPT)."""
 import os
