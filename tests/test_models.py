@@ -50,20 +50,26 @@ def test_cli_reports_bad_input(capsys):
     assert "temperature" in capsys.readouterr().err
 
 
-def test_export_hf_writes_a_directory_transformers_loads_with_the_same_logits(tmp_path):
+def test_export_hf_writes_a_directory_transformers_loads_with_the_same_logits(tmp_path, monkeypatch):
     """smollm2-135m exported in float32 gives the logits of the dequantised GGUF load; bad input
     is refused by name."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from draftwise.models.export import export_hf
-    from draftwise.models.load import _hf_args
+    from draftwise.models.load import _hf_args, gguf_parsed_once
     from draftwise.models.registry import resolve
 
+    import gguf
+
+    parsed, reader = [], gguf.GGUFReader
+    monkeypatch.setattr(gguf, "GGUFReader", lambda path, *a: parsed.append(path) or reader(path, *a))
     out = export_hf("smollm2-135m", tmp_path / "hf", dtype="float32")
+    assert len(parsed) == 1  # config, weights and vocabulary read from one parse of the file
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
     path, kw = _hf_args(resolve("smollm2-135m"))
-    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw)
+    with gguf_parsed_once():
+        ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw)
     got = AutoModelForCausalLM.from_pretrained(out)
     assert not hasattr(got.config, "quantization_config") or got.config.quantization_config is None
     ids = AutoTokenizer.from_pretrained(out)("def add(a, b):", return_tensors="pt").input_ids

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draftwise.models.load import _hf_args
+from draftwise.models.load import _hf_args, gguf_parsed_once
 from draftwise.models.registry import resolve
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -30,7 +30,9 @@ def export_hf(spec: str, out_dir: str | Path, dtype: str = "bfloat16") -> Path:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out} exists and is not an empty directory")
     path, kw = _hf_args(src)
-    loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw)  # dequantised
+    with gguf_parsed_once():  # the config, the weights and the vocabulary from one parse
+        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw)  # dequantised
+        tokenizer = AutoTokenizer.from_pretrained(path, **kw)
     cfg = loaded.config
     if hasattr(cfg, "quantization_config"):
         del cfg.quantization_config
@@ -39,7 +41,7 @@ def export_hf(spec: str, out_dir: str | Path, dtype: str = "bfloat16") -> Path:
     model.generation_config = loaded.generation_config
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(path, **kw).save_pretrained(out)
+    tokenizer.save_pretrained(out)
     return out
 
 

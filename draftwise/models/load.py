@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 from draftwise.machine import cache_dir
@@ -18,6 +19,31 @@ def _hf_args(src: ModelSource) -> tuple[str, dict]:
         p = Path(src.path)
         return str(p.parent), {"gguf_file": p.name}
     return src.path, {}
+
+
+@contextmanager
+def gguf_parsed_once():
+    """transformers reads a GGUF file's metadata twice per model (its config, then its weights),
+    and gguf's reader parses every entry of the vocabulary arrays in Python (~15 s for a
+    150k-token vocabulary): within this block, a file is parsed once (the reader is read-only)."""
+    try:
+        import gguf
+    except ImportError:  # no GGUF support installed: nothing to share
+        yield
+        return
+    cls, readers = gguf.GGUFReader, {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = cls(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = cls
 
 
 def load_tokenizer(src: ModelSource) -> Tokenizer:
@@ -56,7 +82,8 @@ def load_torch(spec: str, device: str = "cpu", threads: int | None = None, max_c
     path, kw = _hf_args(src)
     dtype = torch.float32 if str(device) == "cpu" else torch.bfloat16
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
+    with gguf_parsed_once():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
     tok = tokenizer if tokenizer is not None else load_tokenizer(src)  # not `or`: a Tokenizer has a length
     return TorchRunner(model, max_context=max_context, device=device, pack=pack), tok
 
