@@ -75,6 +75,8 @@ class ModelFields:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"unknown device {self.device!r}; expected cpu, cuda or cuda:N")
+        if self.max_context is not None and self.max_context < 1:
+            raise ValueError(f"max_context must be >= 1 token, got {self.max_context}")
         if self.kernels not in KERNELS:
             raise ValueError(f"unknown kernels {self.kernels!r}; choose one of {', '.join(KERNELS)}")
         self.auto_members = tuple(self.auto_members)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from collections import Counter
@@ -104,6 +105,59 @@ def _positive(text: str) -> int:
     return n
 
 
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return n
+
+
+def _positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return x
+
+
+def _port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {text!r}")
+    return n
+
+
+def _writable(path: str | None, directory: bool = False) -> None:
+    """Refuse an output path that cannot be written before any work is done (a result computed
+    first would be lost): a directory, or the nearest folder above it that exists, must be a
+    writable directory; a file is opened for appending (and removed again if this made it)."""
+    if path is None:
+        return
+    p = Path(path)
+    if directory:
+        if p.exists() and not p.is_dir():
+            raise ValueError(f"output directory {path} exists and is not a directory")
+        above = next(q for q in (p, *p.parents) if q.exists())
+        if not above.is_dir() or not os.access(above, os.W_OK | os.X_OK):
+            raise ValueError(f"output directory {path}: {above} is not a writable directory")
+        return
+    if p.is_dir():
+        raise ValueError(f"output file {path} is a directory")
+    existed = p.exists()
+    with open(p, "a"):
+        pass
+    if not existed:
+        p.unlink()
+
+
 def _spec(a, **kw):
     from draftwise.build import EngineSpec, ModelFields
 
@@ -203,6 +257,7 @@ def cmd_train_head(a) -> int:
 
     cfg = TrainConfig(a.out, a.max_tokens, a.answers, a.answer_tokens, a.seq_len, a.draft_vocab, a.intermediate,
                       a.ttt_steps, a.epochs, a.batch, a.lr, subsample=a.subsample)
+    _writable(a.out, directory=True)
     backend = a.backend or "llama.cpp"
     runner, tok = load_runner(a.target, backend, a.threads, None,
                               **({"n_batch": cfg.seq_len} if backend == "llama.cpp" else {}))
@@ -222,7 +277,10 @@ def cmd_profile(a) -> int:
     from draftwise.profile import profile_runner
 
     backend = a.backend or default_backend(a.model, a.device)
-    runner, _ = load_runner(a.model, backend, a.threads, device=a.device)  # llama.cpp refuses a GPU device
+    _writable(a.out)
+    # llama.cpp holds as many sequences as the largest batch measured
+    kw = {"n_seq_max": max(a.batch_sizes)} if backend == "llama.cpp" else {}
+    runner, _ = load_runner(a.model, backend, a.threads, device=a.device, **kw)  # llama.cpp refuses a GPU device
     res = profile_runner(runner, ks=range(1, a.max_k + 1), batch_sizes=tuple(a.batch_sizes),
                          context_len=a.context_len, repeats=a.repeats)
     print(f"{a.model} on {backend}, context {a.context_len}")
@@ -243,11 +301,15 @@ def cmd_verify(a) -> int:
         raise ValueError(f"verify checks one drafter against plain decoding, not --drafter {a.drafter}: choose "
                          "model, ngram, suffix, suffix-tree or head")
     sampler = BUGS[a.inject_bug] if a.inject_bug else {}
+    _writable(a.json)
+    work = load_workload(a.workload, a.prompts)[: a.prompts]
+    if not work:
+        raise ValueError(f"workload {a.workload!r} has no prompts to check")
     # a llama.cpp runner with candidate trees holds one sequence: the engines take turns (release)
     spec, runner, tok = build_engine(_spec(a, max_running=1 if a.drafter == "suffix-tree" else 2),
                                      reuse_prefix=True, **sampler)
     plain = Engine(runner, tok, reuse_prefix=True, max_running=1)
-    prompts = [p.token_ids(tok) for p in load_workload(a.workload, a.prompts)][: a.prompts]
+    prompts = [p.token_ids(tok) for p in work]
     if a.temperature == 0:
         rep = check_greedy(plain, spec, prompts, a.max_tokens)
     else:
@@ -325,6 +387,7 @@ def cmd_bench(a) -> int:
                           concurrency=tuple(a.concurrency), margins=not a.no_margins, out_dir=a.out,
                           endpoints=_endpoints(a.endpoint), endpoint_model=a.endpoint_model,
                           endpoint_api=a.endpoint_api, metrics=not a.no_metrics, goal=a.goal)
+        _writable(a.out, directory=True)
         try:
             run_bench(cfg, progress=not a.no_progress)
         except KeyboardInterrupt:
@@ -345,6 +408,7 @@ def cmd_bench(a) -> int:
 
 def cmd_plan(a) -> int:
     out = Path(a.out)
+    _writable(a.out, directory=True)
     if a.engine != "draftwise":
         from draftwise.plan import plan_peer
         if a.drafter not in ("ngram", "model") and (a.engine, a.drafter) != ("vllm", "head"):
@@ -431,8 +495,8 @@ def _serve_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--pad-ragged", action="store_true", help="llama.cpp: pad each step's per-sequence feeds "
                    "to equal length, so the step is one ubatch (see docs/server.md)")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--log-level", default="warning")
+    s.add_argument("--port", type=_port, default=8000)
+    s.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug", "trace"))
     s.add_argument("--api-key", action="append", default=[], help="require 'Authorization: Bearer KEY' on "
                    "/v1/ (repeatable; also --api-key-file and $DRAFTWISE_API_KEY)")
     s.add_argument("--api-key-file", action="append", default=[], help="a file of API keys, one a line")
@@ -479,13 +543,13 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(v)
     v.add_argument("--workload", default="editeval", help="editeval | humaneval | prose | a Spec-Bench "
                    "category | a .jsonl file")
-    v.add_argument("--prompts", type=int, default=2)
+    v.add_argument("--prompts", type=_positive, default=2)
     v.add_argument("--max-tokens", type=int, default=64, help="greedy: tokens compared per prompt")
     v.add_argument("--temperature", type=float, default=0.7)
     v.add_argument("--top-p", type=float, default=1.0)
     v.add_argument("--top-k", type=int, default=0)
-    v.add_argument("--positions", type=int, default=3, help="sampling: leading output positions tested")
-    v.add_argument("--samples", type=int, default=None, help="per side (default: from the power calculation)")
+    v.add_argument("--positions", type=_positive, default=3, help="sampling: leading output positions tested")
+    v.add_argument("--samples", type=_positive, default=None, help="per side (default: from the power calculation)")
     v.add_argument("--min-tv", type=float, default=0.1, help="smallest total-variation bias to detect")
     v.add_argument("--alpha", type=float, default=0.05)
     v.add_argument("--power", type=float, default=0.8)
@@ -500,8 +564,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--n", type=int, default=3, help="prompts per category")
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--max-tokens", type=int, default=64, help="measured run: tokens per request")
-    pl.add_argument("--pilot-tokens", type=int, default=32)
-    pl.add_argument("--pilot-d", type=int, default=8, help="D of the pilot run (the largest D predicted)")
+    pl.add_argument("--pilot-tokens", type=_positive, default=32)
+    pl.add_argument("--pilot-d", type=_positive, default=8, help="D of the pilot run (the largest D predicted)")
     pl.add_argument("--out", default="results/plan")
     pl.add_argument("--no-measure", action="store_true", help="predict and write the settings only")
     pl.add_argument("--engine", choices=("draftwise", "vllm", "llama-server"), default="draftwise",
@@ -524,10 +588,10 @@ def build_parser() -> argparse.ArgumentParser:
     th = sub.add_parser("train-head", help="train a draft head (--drafter head) on the target's own features")
     th.add_argument("--target", default="qwen2.5-coder-1.5b")
     th.add_argument("--backend", choices=("torch", "llama.cpp"), default=None, help="feature extraction (default llama.cpp)")
-    th.add_argument("--threads", type=int, default=None)
+    th.add_argument("--threads", type=_positive, default=None)
     th.add_argument("--out", default="results/head", help="features, checkpoints and the head (OUT/head)")
     th.add_argument("--max-tokens", type=_positive, default=300_000, help="text tokens to train on")
-    th.add_argument("--answers", type=int, default=600, help="instructions the target answers first (its own text)")
+    th.add_argument("--answers", type=_count, default=600, help="instructions the target answers first (its own text)")
     th.add_argument("--answer-tokens", type=_positive, default=192)
     th.add_argument("--seq-len", type=_positive, default=512)
     th.add_argument("--draft-vocab", type=_positive, default=8192)
@@ -535,7 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--ttt-steps", type=_positive, default=3, help="draft steps unrolled in training")
     th.add_argument("--epochs", type=_positive, default=2)
     th.add_argument("--batch", type=_positive, default=4)
-    th.add_argument("--lr", type=float, default=6e-4)
+    th.add_argument("--lr", type=_positive_float, default=6e-4)
     th.add_argument("--subsample", type=_positive, default=1, metavar="N",
                     help="train on every N-th training sequence (held-out slice unchanged): how acceptance grows with data")
     th.set_defaults(fn=cmd_train_head)
@@ -544,11 +608,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--backend", choices=("torch", "llama.cpp"), default=None)
     p.add_argument("--device", default=None, help="torch: cpu, cuda or cuda:N; default: a GPU when torch sees one")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--context-len", type=int, default=256)
-    p.add_argument("--max-k", type=int, default=17)
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=_positive, default=None)
+    p.add_argument("--context-len", type=_positive, default=256)
+    p.add_argument("--max-k", type=_positive, default=17)
+    p.add_argument("--batch-sizes", type=_positive, nargs="+", default=[1, 2, 4])
+    p.add_argument("--repeats", type=_positive, default=5)
     p.add_argument("--out", default=None, help="save the curve as JSON")
     p.set_defaults(fn=cmd_profile)
 
@@ -566,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         return a.fn(a)
-    except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback
+    except (ValueError, OSError) as e:  # bad input, a path that cannot be read or written: one clear line
         print(f"draftwise: error: {e}", file=sys.stderr)
         return 2
 

@@ -69,9 +69,21 @@ def data_file(rel: str) -> Path:
 
 
 def _jsonl(path: Path) -> list[dict]:
+    """The rows of a JSON-lines file (gzipped if .gz); ValueError naming the file and line."""
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not a JSON-lines file")
     opener = gzip.open if path.suffix == ".gz" else open
+    rows = []
     with opener(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        try:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} line {n}: not JSON ({e.msg} at column {e.colno})") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not UTF-8 text ({e.reason} near byte {e.start} of a line)") from None
+    return rows
 
 
 def edit_eval(n: int | None = None) -> list[Prompt]:
@@ -109,7 +121,14 @@ def spec_bench(categories: tuple[str, ...] | None = None, n: int | None = None,
 def from_jsonl(path: str | Path) -> list[Prompt]:
     out = []
     for i, r in enumerate(_jsonl(Path(path))):
+        if not isinstance(r, dict):
+            raise ValueError(f"{path} row {i}: expected a JSON object, got {type(r).__name__}")
         if "messages" in r:
+            m = r["messages"]
+            if not (isinstance(m, list) and m and all(isinstance(x, dict) and isinstance(x.get("role"), str)
+                                                       and isinstance(x.get("content"), str) for x in m)):
+                raise ValueError(f"{path} row {i}: 'messages' must be a non-empty list of "
+                                 "{\"role\": ..., \"content\": ...} objects with string values")
             out.append(Prompt(str(r.get("id", i)), r.get("category", "custom"), messages=tuple(r["messages"])))
         elif "prompt" in r:
             out.append(Prompt(str(r.get("id", i)), r.get("category", "custom"), text=r["prompt"]))

@@ -50,6 +50,65 @@ def test_cli_reports_bad_input(capsys):
     assert "temperature" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv,says", [
+    (["verify", "--positions", "0"], "--positions: expected an integer >= 1"),
+    (["verify", "--samples", "-1"], "--samples: expected an integer >= 1"),
+    (["verify", "--prompts", "0"], "--prompts: expected an integer >= 1"),
+    (["plan", "--pilot-d", "0"], "--pilot-d: expected an integer >= 1"),
+    (["train-head", "--lr", "nan"], "--lr: expected a number > 0"),
+    (["train-head", "--answers", "-1"], "--answers: expected an integer >= 0"),
+    (["profile", "--threads", "0"], "--threads: expected an integer >= 1"),
+    (["serve", "--port", "70000"], "--port: expected a port number 0..65535"),
+    (["serve", "--log-level", "bogus"], "--log-level: invalid choice"),
+])
+def test_cli_refuses_bad_numbers_naming_the_flag(argv, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_cli_refuses_bad_paths_and_workloads_before_loading_a_model(tmp_path, capsys, monkeypatch):
+    from draftwise import build
+
+    monkeypatch.setattr(build, "build_engine", lambda *a, **k: pytest.fail("loaded a model"))
+    afile, adir = tmp_path / "afile", tmp_path / "adir"
+    afile.write_text("x")
+    adir.mkdir()
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a"}\n{bad\n')
+    (tmp_path / "num.jsonl").write_text("5\n")
+    (tmp_path / "msgs.jsonl").write_text('{"messages": "hello"}\n')
+    (tmp_path / "latin.jsonl").write_bytes(b'{"prompt": "caf\xe9"}\n')
+    one = str(tmp_path / "bad.jsonl")
+    cases = [
+        (["verify", "--json", str(adir)], f"output file {adir} is a directory"),
+        (["verify", "--json", str(tmp_path / "no" / "r.json")], "No such file or directory"),
+        (["verify", "--workload", str(tmp_path / "empty.jsonl")], "has no prompts to check"),
+        (["verify", "--workload", one], f"{one} line 2: not JSON"),
+        (["verify", "--workload", str(tmp_path / "num.jsonl")], "row 0: expected a JSON object, got int"),
+        (["verify", "--workload", str(tmp_path / "msgs.jsonl")], "row 0: 'messages' must be a non-empty list"),
+        (["verify", "--workload", str(tmp_path / "latin.jsonl")], "latin.jsonl: not UTF-8 text"),
+        (["verify", "--workload", str(adir / "d.jsonl")], "No such file"),
+        (["bench", "--configs", "plain", "--out", str(afile)], f"output directory {afile} exists and is not a directory"),
+        (["plan", "--out", str(afile)], f"output directory {afile} exists and is not a directory"),
+        (["bench", "--configs", "plain", "--out", str(afile / "run")], f"{afile} is not a writable directory"),
+        (["train-head", "--out", str(afile)], f"output directory {afile} exists and is not a directory"),
+        (["profile", "--out", str(adir)], f"output file {adir} is a directory"),
+        (["generate", "--max-context", "-5"], "max_context must be >= 1 token, got -5"),
+    ]
+    for argv, says in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err, (argv, err)
+    assert not (tmp_path / "no").exists() and sorted(p.name for p in adir.iterdir()) == []
+    monkeypatch.undo()
+    import torch
+
+    if torch.cuda.device_count() < 8:  # refused before the weights load
+        assert main(["generate", "--device", "cuda:7", "--backend", "torch", "--target", "smollm2-135m"]) == 2
+        assert "device 'cuda:7': torch sees" in capsys.readouterr().err
+
+
 def test_export_hf_writes_a_directory_transformers_loads_with_the_same_logits(tmp_path, monkeypatch):
     """smollm2-135m exported in float32 gives the logits of the dequantised GGUF load; bad input
     is refused by name."""

@@ -78,6 +78,10 @@ def load_torch(spec: str, device: str = "cpu", threads: int | None = None, max_c
 
     if threads:
         torch.set_num_threads(threads)
+    if str(device).startswith("cuda"):  # before the weights load
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if int(str(device).partition(":")[2] or 0) >= n:
+            raise ValueError(f"device {str(device)!r}: torch sees {n} GPU(s) here")
     src = resolve(spec)
     path, kw = _hf_args(src)
     dtype = torch.float32 if str(device) == "cpu" else torch.bfloat16
