@@ -182,3 +182,13 @@ def test_a_curve_measured_on_a_busy_machine_is_used_but_not_cached(tmp_path, mon
     monkeypatch.setattr(prof.os, "getloadavg", lambda: (0.5, 0.0, 0.0))
     prof.cached_profile(SleepRunner(), ks=(1, 2), context_len=8, repeats=1)
     assert len(list((tmp_path / "profiles").glob("*.json"))) == 1
+
+
+def test_profile_cli_opens_as_many_llama_sequences_as_its_largest_batch(tmp_path, capsys):
+    pytest.importorskip("llama_cpp")
+    from draftwise.cli import main
+
+    out = tmp_path / "curve.json"
+    assert main(["profile", "--model", "smollm2-135m", "--backend", "llama.cpp", "--max-k", "1",
+                 "--batch-sizes", "1", "6", "--repeats", "1", "--context-len", "8", "--out", str(out)]) == 0
+    assert out.is_file() and "6    1" in capsys.readouterr().out  # 6 > the loader's default of 4 sequences
