@@ -475,6 +475,9 @@ def cmd_serve(a) -> int:
                       max_prompt_tokens=a.max_prompt_tokens, max_stop=a.max_stop, max_stop_chars=a.max_stop_chars,
                       api_keys=keys, protect_metrics=a.protect_metrics, drain_timeout=a.drain_timeout,
                       stall_timeout=a.stall_timeout)
+    from draftwise.models.registry import resolve
+
+    resolve(cfg.spec.target)  # an unknown model is refused here, not after the server has started
     if not keys and not is_loopback(a.host):
         print(f"draftwise serve: WARNING: {a.host} is not a loopback address and no API key is set: anyone "
               f"who can reach it may use the server (--api-key, --api-key-file or {ENV})", file=sys.stderr)

@@ -91,6 +91,7 @@ def test_cli_refuses_bad_paths_and_workloads_before_loading_a_model(tmp_path, ca
         (["verify", "--workload", str(adir / "d.jsonl")], "No such file"),
         (["bench", "--configs", "plain", "--out", str(afile)], f"output directory {afile} exists and is not a directory"),
         (["plan", "--out", str(afile)], f"output directory {afile} exists and is not a directory"),
+        (["serve", "--target", str(tmp_path / "nosuch.gguf")], "nosuch.gguf does not exist"),
         (["bench", "--configs", "plain", "--out", str(afile / "run")], f"{afile} is not a writable directory"),
         (["train-head", "--out", str(afile)], f"output directory {afile} exists and is not a directory"),
         (["profile", "--out", str(adir)], f"output file {adir} is a directory"),
