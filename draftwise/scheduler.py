@@ -112,7 +112,7 @@ class _Prefix:
 class NullObserver:
     """What the loop reports; the server's metrics implement the same methods."""
     def forward(self, kind: str, n_seqs: int, n_tokens: int, seconds: float) -> None: ...
-    def round(self, proposed: int, accepted: int) -> None: ...
+    def round(self, proposed: int, accepted: int, positions: int) -> None: ...  # positions: a tree's depth
     def phase(self, name: str, seconds: float) -> None: ...
     def queue(self, waiting: int, running: int) -> None: ...
     def finished(self, req: Request, result: GenerationResult) -> None: ...
@@ -427,11 +427,11 @@ class Scheduler:
             self.drafter.observe(st.key, len(st.ctx) - 1, feats[: res.num_accepted + 1])
         st.stats.verify_s += t_fwd + time.perf_counter() - t_req  # each request waited for all the forward
         if prop.tokens:
-            st.stats.record_round(len(prop.tokens), res.num_accepted,
-                                  max(tree_layout(prop.parents)[0]) + 1 if res.path is not None else None)
+            depth = max(tree_layout(prop.parents)[0]) + 1 if res.path is not None else None
+            st.stats.record_round(len(prop.tokens), res.num_accepted, depth)
             st.rounds.append(Round(len(st.out.token_ids), len(prop.tokens), res.num_accepted, not res.bonus,
                                    res.path is not None))
-            self.observer.round(len(prop.tokens), res.num_accepted)
+            self.observer.round(len(prop.tokens), res.num_accepted, depth or len(prop.tokens))
         else:
             st.stats.plain_steps += 1
         st.ctx += res.tokens

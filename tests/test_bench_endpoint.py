@@ -153,6 +153,20 @@ def test_counter_deltas_in_draftwise_words():
     assert server_stats(None, after, 1) is None
 
 
+def test_draftwise_servers_own_counters_give_the_engines_per_position_acceptance():
+    from draftwise.server.metrics import ServerMetrics
+
+    m, engine = ServerMetrics("m"), SpecStats()
+    before = spec_counters(m.render().decode())
+    for proposed, accepted, depth in ((1, 1, None), (4, 3, None), (6, 2, 3)):  # two chains, a tree of depth 3
+        m.round(proposed, accepted, depth or proposed)
+        engine.record_round(proposed, accepted, depth)
+    st = SpecStats(**server_stats(before, spec_counters(m.render().decode()), emitted_tokens=9))
+    assert st.proposed_per_position == engine.proposed_per_position == [3, 2, 2, 1]  # D varies: not drafts x D
+    assert st.accepted_per_position == engine.accepted_per_position == [3, 2, 1, 0]
+    assert st.per_position_acceptance == engine.per_position_acceptance
+
+
 def test_iter_sse_joins_multiline_data_and_stops_at_done():
     lines = [b": comment\n", b"data: {\"a\":\n", b"data: 1}\n", b"\n", b"event: x\n", b"data:2\n", b"\n",
              b"data: [DONE]\n", b"\n", b"data: 3\n", b"\n"]

@@ -26,6 +26,8 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 WORDS = {"spec_decode_num_drafts": "drafts", "spec_decode_num_draft_tokens": "draft_tokens",
          "spec_decode_num_accepted_tokens": "accepted", "spec_decode_num_accepted_tokens_per_pos": "per_pos"}
 ENGINES = {"vllm": "vllm", "llamacpp": "llama.cpp"}  # prefix -> engine
+# draftwise's server also counts proposals per position (its D varies by request and round)
+PROPOSED_PER_POS = "draftwise:spec_decode_num_proposed_tokens_per_pos"
 
 
 def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -47,10 +49,15 @@ def _unescape(v: str) -> str:
 def spec_counters(text: str) -> dict | None:
     """vLLM's or llama-server's spec-decode counters summed over their other labels (model,
     engine); None if absent. Returns {"engine", "drafts", "draft_tokens", "accepted",
-    "per_pos": {position: accepted}}."""
-    out: dict = {"per_pos": {}}
+    "per_pos": {position: accepted}, "proposed_pos": {position: proposed}} (the last from
+    draftwise's server only)."""
+    out: dict = {"per_pos": {}, "proposed_pos": {}}
     for name, labels, value in parse_prometheus(text):
         if name.endswith("_created") or ":" not in name:  # prometheus_client's timestamps, not counts
+            continue
+        if name.removesuffix("_total") == PROPOSED_PER_POS:
+            pos = int(labels.get("position", 0))
+            out["proposed_pos"][pos] = out["proposed_pos"].get(pos, 0.0) + value
             continue
         prefix, _, bare = name.partition(":")
         word = WORDS.get(bare.removesuffix("_total")) if prefix in ENGINES else None
@@ -69,18 +76,26 @@ def server_stats(before: dict | None, after: dict | None, emitted_tokens: int) -
     its accepted tokens plus one recovered or bonus token. vLLM drafts k tokens every round (k
     fixed by the server), so proposed_per_position[i] = drafts for i < k; llama-server's drafts
     vary in length and it does not count proposals per position, so those stay unknown (empty)
-    while accepted_per_position is its own count."""
+    while accepted_per_position is its own count. draftwise's server counts its proposals per
+    position (`proposed_pos`): those are used as they are."""
     if before is None or after is None:
         return None
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("drafts", "draft_tokens", "accepted")}
-    positions = sorted(set(before["per_pos"]) | set(after["per_pos"]))
-    per_pos = [int(after["per_pos"].get(p, 0) - before["per_pos"].get(p, 0)) for p in positions]
+
+    def diff(key: str, positions: list[int]) -> list[int]:
+        b, a = before.get(key, {}), after.get(key, {})
+        return [int(a.get(p, 0) - b.get(p, 0)) for p in positions]
+
+    counted = sorted(set(after.get("proposed_pos", {})) | set(before.get("proposed_pos", {})))
+    positions = sorted(set(before["per_pos"]) | set(after["per_pos"]) | set(counted))
+    per_pos = diff("per_pos", positions)
     rounds = int(d["drafts"])
     fixed = after.get("engine", "vllm") == "vllm"
     k = len(per_pos) or (round(d["draft_tokens"] / rounds) if rounds and fixed else 0)
+    proposed = diff("proposed_pos", positions) if counted else [rounds] * k if fixed else []
     return {"verification_rounds": rounds, "proposed_tokens": int(d["draft_tokens"]),
             "accepted_draft_tokens": int(d["accepted"]), "round_emitted_tokens": int(d["accepted"]) + rounds,
-            "emitted_tokens": emitted_tokens, "proposed_per_position": [rounds] * k if fixed else [],
+            "emitted_tokens": emitted_tokens, "proposed_per_position": proposed,
             "accepted_per_position": per_pos or [0] * k, "requests": 0}
 
 

@@ -72,11 +72,12 @@ class ServerMetrics:
         self.forward_seqs.labels(self._m, kind).observe(n_seqs)
         self.forward_tokens.labels(self._m, kind).inc(n_tokens)
 
-    def round(self, proposed: int, accepted: int) -> None:
+    def round(self, proposed: int, accepted: int, positions: int) -> None:
+        """`proposed` tokens (a candidate tree's nodes) reaching `positions` draft positions (its depth)."""
         self.drafts.labels(self._m).inc()
         self.draft_tokens.labels(self._m).inc(proposed)
         self.accepted.labels(self._m).inc(accepted)
-        for i in range(proposed):
+        for i in range(positions):
             self.proposed_pos.labels(self._m, str(i)).inc()
             self.accepted_pos.labels(self._m, str(i)).inc(1 if i < accepted else 0)
 
