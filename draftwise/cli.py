@@ -95,24 +95,22 @@ def _draft_len(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0 or 'auto', got {text!r}") from None
 
 
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return n
+def _int_in(lo: int, hi: int | None = None, what: str = ""):
+    """An argparse type: an integer in [lo, hi], else an error naming the range."""
+    what = what or f"an integer >= {lo}"
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = None
+        if n is None or n < lo or (hi is not None and n > hi):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return n
+    return parse
 
 
-def _count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return n
+_positive, _count, _port = _int_in(1), _int_in(0), _int_in(0, 65535, "a port number 0..65535")
 
 
 def _positive_float(text: str) -> float:
@@ -123,16 +121,6 @@ def _positive_float(text: str) -> float:
     if not 0 < x < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
     return x
-
-
-def _port(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if not 0 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {text!r}")
-    return n
 
 
 def _writable(path: str | None, directory: bool = False) -> None:
