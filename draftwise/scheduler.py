@@ -430,7 +430,7 @@ class Scheduler:
             depth = max(tree_layout(prop.parents)[0]) + 1 if res.path is not None else None
             st.stats.record_round(len(prop.tokens), res.num_accepted, depth)
             st.rounds.append(Round(len(st.out.token_ids), len(prop.tokens), res.num_accepted, not res.bonus,
-                                   res.path is not None))
+                                   depth is not None))
             self.observer.round(len(prop.tokens), res.num_accepted, depth or len(prop.tokens))
         else:
             st.stats.plain_steps += 1
