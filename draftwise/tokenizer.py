@@ -21,11 +21,12 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(ids, skip_special_tokens=True)
 
-    def apply_chat(self, messages: list[dict], assistant_prefix: str = "") -> list[int]:
-        """Chat-template the messages with the generation prompt, then append assistant_prefix."""
+    def apply_chat(self, messages: list[dict], assistant_prefix: str = "", generation_prompt: bool = True) -> list[int]:
+        """Chat-template the messages with the generation prompt (the opening of the assistant's
+        turn; off: the messages alone), then append assistant_prefix."""
         if not self.hf.chat_template:
             raise ValueError("this tokenizer has no chat template; pass a raw prompt instead")
-        text = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = self.hf.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False)
         return list(self.hf.encode(text + assistant_prefix, add_special_tokens=False))
 
     def fingerprint(self) -> str:

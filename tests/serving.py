@@ -39,7 +39,7 @@ class Runner(CycleRunner):
 
 
 class ChatChars(CharTokenizer):
-    def apply_chat(self, messages, assistant_prefix=""):
+    def apply_chat(self, messages, assistant_prefix="", generation_prompt=True):
         return self.encode("".join(m["content"] for m in messages) + assistant_prefix)
 
 

@@ -104,6 +104,7 @@ def test_per_request_speculation_control(srv):
     ({"prompt": "a", "logprobs": 21}, "logprobs"),
     ({"prompt": "a", "best_of": 2}, "best_of"),
     ({"prompt": "a", "echo": True}, "echo"),
+    ({"prompt": ["a", "b"]}, "prompt"),  # a batch of prompts: the field is named, not its description
     ({"prompt": "a", "temperature": -1}, "temperature"),
     ({"prompt": "a", "max_tokens": 0}, "max_tokens"),
     ({"prompt": [5] * 600}, None),  # longer than the context (512)
@@ -141,6 +142,30 @@ def test_disconnect_cancels_and_frees_kv(srv):
         time.sleep(0.05)
     assert srv.scheduler.counts() == (0, 0)
     assert srv.scheduler.target._lengths == {}  # the runner holds no sequence
+    assert metric(srv, "draftwise:requests_cancelled_total") == cancelled + 1
+
+
+def test_add_generation_prompt_false_leaves_out_the_assistant_opening(srv):
+    msgs = [{"role": "user", "content": "Hi"}]
+    n = {}
+    for gen in (True, False):
+        r = httpx.post(srv.url + "/v1/chat/completions", json={"model": MODEL, "messages": msgs, "max_tokens": 1,
+                                                               "add_generation_prompt": gen})
+        assert r.status_code == 200, r.text
+        n[gen] = r.json()["usage"]["prompt_tokens"]
+    tok = srv.scheduler.tokenizer
+    assert n[False] == len(tok.apply_chat(msgs, generation_prompt=False)) < n[True] == len(tok.apply_chat(msgs))
+
+
+def test_a_client_that_leaves_a_whole_response_cancels_it_while_chunks_flow(srv):
+    cancelled = metric(srv, "draftwise:requests_cancelled_total")
+    body = {"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 480, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):  # leaves while the scheduler is decoding (events arriving)
+        httpx.post(srv.url + "/v1/completions", json=body, timeout=1.5)
+    deadline = time.time() + 10
+    while time.time() < deadline and srv.scheduler.counts() != (0, 0):
+        time.sleep(0.05)
+    assert srv.scheduler.counts() == (0, 0) and srv.scheduler.target._lengths == {}
     assert metric(srv, "draftwise:requests_cancelled_total") == cancelled + 1
 
 
@@ -186,6 +211,11 @@ def test_logprobs_are_the_targets_and_line_up_with_speculation(srv, client):
         assert all(v <= 0 for v in top.values())
     plain = got[False]["choices"][0]["logprobs"]
     assert plain["tokens"] == lp["tokens"]
+    for k in (0, 1):  # sampled: the chosen token is always among the top (OpenAI's up to k + 1)
+        code, body = complete(srv, prompt="Once upon a time", max_tokens=8, logprobs=k, temperature=1.5, seed=4)
+        sampled = body["choices"][0]["logprobs"]
+        assert all(t in top and top[t] == x and len(top) <= k + 1 for t, x, top in
+                   zip(sampled["tokens"], sampled["token_logprobs"], sampled["top_logprobs"])), sampled
     assert plain["token_logprobs"] == pytest.approx(lp["token_logprobs"], abs=2e-2)
 
     msgs = [{"role": "user", "content": "Count to five."}]

@@ -68,8 +68,13 @@ def test_serve_loads_in_the_background_and_drains_on_sigterm():
     assert "WARNING: 0.0.0.0 is not a loopback address and no API key is set" in stderr
 
 
-def test_serve_exits_1_when_the_model_cannot_load():
+def test_serve_exits_1_when_the_model_cannot_load(tmp_path):
     run = subprocess.run([*DRAFTWISE, "serve", "--target", "/nonexistent/model.gguf", "--num-draft-tokens", "4",
                           "--port", str(free_port())], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 1
-    assert "GGUF file /nonexistent/model.gguf does not exist" in run.stderr and "failed to load" in run.stderr
+    assert run.returncode == 2  # refused before the server starts, in one line
+    assert "GGUF file /nonexistent/model.gguf does not exist" in run.stderr and "Traceback" not in run.stderr
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"not a gguf file")
+    run = subprocess.run([*DRAFTWISE, "serve", "--target", str(bad), "--num-draft-tokens", "4",
+                          "--port", str(free_port())], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "failed to load" in run.stderr

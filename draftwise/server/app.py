@@ -85,8 +85,8 @@ def create_app(life: Lifecycle, cfg: ServeConfig, metrics: ServerMetrics) -> Fas
         _check(body, cfg)
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
-        msgs, prefix = body.chat()
-        ids = await _tokenised(toks.apply_chat(msgs, prefix), "messages")
+        msgs, prefix, generation_prompt = body.chat()
+        ids = await _tokenised(toks.apply_chat(msgs, prefix, generation_prompt), "messages")
         return await _serve(sched, toks, body, ids, Formatter(model_name, True, body.return_token_ids), http)
 
     async def _serve(sched: Scheduler, toks, body, ids: list[int], fmt: Formatter, http: HttpRequest):
@@ -120,9 +120,10 @@ def create_app(life: Lifecycle, cfg: ServeConfig, metrics: ServerMetrics) -> Fas
             # generator's first step (where its own `finally` would not run)
             return StreamingResponse(_stream(req, events, fmt, usage, http), media_type="text/event-stream",
                                      background=BackgroundTask(req.cancel))
+        watch = asyncio.create_task(_watch(http, events))
         try:
             while True:
-                ev = await _next(events, http)
+                ev = await events.get()
                 if ev is None:  # the client has gone: nobody to answer
                     return Response(status_code=499)
                 if isinstance(ev, BaseException):
@@ -130,6 +131,7 @@ def create_app(life: Lifecycle, cfg: ServeConfig, metrics: ServerMetrics) -> Fas
                 if ev.result is not None:
                     return fmt.whole(ev.result)
         finally:
+            watch.cancel()
             req.cancel()  # no-op once finished; frees the KV state of a client that left
 
     async def _stream(req: Request, events: asyncio.Queue, fmt: Formatter, usage: bool, http: HttpRequest):
@@ -166,6 +168,14 @@ async def _next(events: asyncio.Queue, http: HttpRequest):
                 return None
 
 
+async def _watch(http: HttpRequest, events: asyncio.Queue) -> None:
+    """Put None on `events` once the client has disconnected: checked every _POLL_S, also while
+    the scheduler's chunks keep coming (a whole response sends nothing until the end)."""
+    while not await http.is_disconnected():
+        await asyncio.sleep(_POLL_S)
+    events.put_nowait(None)
+
+
 async def _tokenised(pending, param: str) -> list[int]:
     try:
         return await pending
@@ -190,7 +200,8 @@ def _check(body, cfg: ServeConfig) -> None:
                        "model")
     bad = body.unsupported()
     if bad:
-        raise ApiError(400, f"not implemented by draftwise: {', '.join(bad)} (leave at the default)", bad[0])
+        raise ApiError(400, f"not implemented by draftwise: {', '.join(bad)} (leave at the default)",
+                       bad[0].split(" ")[0])  # the field: "prompt (a list of prompts)" -> "prompt"
     stop = body.stop_list()
     if len(stop) > cfg.max_stop or any(len(s) > cfg.max_stop_chars for s in stop):
         raise ApiError(400, f"at most {cfg.max_stop} stop strings of at most {cfg.max_stop_chars} characters "

@@ -58,9 +58,9 @@ class Tokenizers:
     async def encode(self, text: str) -> list[int]:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self._worker_tok.encode, text)
 
-    async def apply_chat(self, messages: list[dict], assistant_prefix: str = "") -> list[int]:
+    async def apply_chat(self, messages: list[dict], assistant_prefix: str = "", generation_prompt: bool = True) -> list[int]:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self._worker_tok.apply_chat,
-                                                                messages, assistant_prefix)
+                                                                messages, assistant_prefix, generation_prompt)
 
     def piece(self, token: int) -> str:
         """One token's text (event loop only)."""

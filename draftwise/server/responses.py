@@ -40,7 +40,9 @@ class Formatter:
             offsets.append(self._offset)
             self._offset += len(t)
         return {"tokens": toks, "token_logprobs": [x.logprob for x in lps],
-                "top_logprobs": [{self.piece(i): v for i, v in x.top} for x in lps], "text_offset": offsets}
+                # OpenAI's completions: the sampled token is always among its top_logprobs (up to k + 1)
+                "top_logprobs": [{self.piece(i): v for i, v in x.top} | {t: x.logprob} for t, x in zip(toks, lps)],
+                "text_offset": offsets}
 
     def _envelope(self, choices: list[dict], stream: bool) -> dict:
         obj = "chat.completion" + (".chunk" if stream else "") if self.chat else "text_completion"

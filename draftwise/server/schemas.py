@@ -133,12 +133,13 @@ class ChatCompletionRequest(_Common):
             raise ValueError("top_logprobs needs logprobs: true")
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def chat(self) -> tuple[list[dict], str]:
-        """(messages for the chat template, text that opens the assistant turn)."""
+    def chat(self) -> tuple[list[dict], str, bool]:
+        """(messages for the chat template, text that opens the assistant turn, whether the
+        template adds its generation prompt: a continued final message needs it)."""
         msgs = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
         if self.continue_final_message and msgs[-1]["role"] == "assistant":
-            return msgs[:-1], msgs[-1]["content"]
-        return msgs, ""
+            return msgs[:-1], msgs[-1]["content"], True
+        return msgs, "", self.add_generation_prompt
 
 
 class ErrorBody(BaseModel):
