@@ -200,8 +200,8 @@ def _check(body, cfg: ServeConfig) -> None:
                        "model")
     bad = body.unsupported()
     if bad:
-        raise ApiError(400, f"not implemented by draftwise: {', '.join(bad)} (leave at the default)",
-                       bad[0].split(" ")[0])  # the field: "prompt (a list of prompts)" -> "prompt"
+        batch = "; a prompt is one text or one list of token ids, not a list of prompts" if "prompt" in bad else ""
+        raise ApiError(400, f"not implemented by draftwise: {', '.join(bad)} (leave at the default{batch})", bad[0])
     stop = body.stop_list()
     if len(stop) > cfg.max_stop or any(len(s) > cfg.max_stop_chars for s in stop):
         raise ApiError(400, f"at most {cfg.max_stop} stop strings of at most {cfg.max_stop_chars} characters "

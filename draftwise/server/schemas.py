@@ -94,7 +94,7 @@ class CompletionRequest(_Common):
 
     def _unsupported(self) -> list[str]:
         batched = isinstance(self.prompt, list) and bool(self.prompt) and not isinstance(self.prompt[0], int)
-        return [k for k, v in (("prompt (a list of prompts)", batched), ("echo", self.echo),
+        return [k for k, v in (("prompt", batched), ("echo", self.echo),
                                ("best_of", self.best_of not in (None, 1)),
                                ("suffix", bool(self.suffix))) if v]
 
