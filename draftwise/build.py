@@ -63,6 +63,7 @@ class ModelFields:
     auto_members: tuple[str, ...] = AUTO_MEMBERS  # the drafters --drafter auto chooses among
     n_batch: int | None = None  # llama.cpp only: tokens per decode call
     kernels: str = "auto"  # llama.cpp only: "repacked" | "standard" | "auto" (resolve_kernels)
+    prompt_cache_mb: int = 0  # finished prompts' KV kept for later prompts sharing a prefix (0: off)
 
     def check_models(self) -> None:
         if self.n_batch is not None and self.n_batch < 1:
@@ -75,6 +76,8 @@ class ModelFields:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"unknown device {self.device!r}; expected cpu, cuda or cuda:N")
+        if self.prompt_cache_mb < 0:
+            raise ValueError(f"prompt_cache_mb must be >= 0, got {self.prompt_cache_mb}")
         if self.max_context is not None and self.max_context < 1:
             raise ValueError(f"max_context must be >= 1 token, got {self.max_context}")
         if self.kernels not in KERNELS:
@@ -245,7 +248,7 @@ def build_engine(spec: EngineSpec, target=None, **engine_kw):
     drafter = load_drafter(spec, tok, target=runner)
     policy = make_policy(spec.num_draft_tokens, runner, drafter)
     return Engine(runner, tok, drafter, spec.num_draft_tokens, policy=policy, max_running=spec.max_running,
-                  **engine_kw), runner, tok
+                  **{"prompt_cache_bytes": spec.prompt_cache_mb << 20, **engine_kw}), runner, tok
 
 
 def build_scheduler(spec: EngineSpec, observer=None, max_queue: int = 64, spec_off_above: int | None = None,
@@ -257,7 +260,7 @@ def build_scheduler(spec: EngineSpec, observer=None, max_queue: int = 64, spec_o
     sizes = tuple(b for b in (1, 2, 4, 8, 16, 32) if b < spec.max_running) + (spec.max_running,)
     policy = make_policy(spec.num_draft_tokens, runner, drafter, batch_sizes=sizes, off_above=spec_off_above)
     return Scheduler(runner, tok, drafter, policy, spec.max_running, max_queue, observer=observer,
-                     **scheduler_kw), tok
+                     **{"prompt_cache_bytes": spec.prompt_cache_mb << 20, **scheduler_kw}), tok
 
 
 def _backend_kw(backend: str, spec: EngineSpec, draft: bool = False, kernels: str | None = None) -> dict:

@@ -41,8 +41,9 @@ def write_report(totals, out):
 ```"""
 
 
-def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
-    """The model flags, defined once for every command (defaults: draftwise.build.EngineSpec)."""
+def _model_args(p: argparse.ArgumentParser, drafting: bool = True, prompt_cache_mb: int = 0) -> None:
+    """The model flags, defined once for every command (defaults: draftwise.build.EngineSpec; the
+    prompt cache's: the command's)."""
     from draftwise.build import AUTO_MEMBERS, DRAFTERS, EngineSpec, ModelFields
 
     d = EngineSpec.__dataclass_fields__
@@ -76,6 +77,9 @@ def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
     p.add_argument("--suffix-max-nodes", type=int, default=d["suffix_max_nodes"].default,
                    help="suffix drafter: nodes of its trie over recent outputs (~270 bytes each); the oldest "
                         "request's output is evicted past it")
+    p.add_argument("--prompt-cache-mb", type=_count, default=prompt_cache_mb,
+                   help="MiB of finished prompts' KV kept (least recently used evicted) so that a later prompt "
+                        f"sharing a prefix with one prefills only the rest; 0: off (default {prompt_cache_mb})")
     p.add_argument("--auto-members", type=_members, default=d["auto_members"].default,
                    help="drafter auto: the drafters it chooses among each round, comma-separated, of ngram, "
                         f"suffix, model, head (default {','.join(AUTO_MEMBERS)})")
@@ -478,7 +482,7 @@ def cmd_serve(a) -> int:
 
 
 def _serve_args(s: argparse.ArgumentParser) -> None:
-    _model_args(s)
+    _model_args(s, prompt_cache_mb=1024)
     s.add_argument("--max-running", type=int, default=4, help="requests batched in one step")
     s.add_argument("--max-queue", type=int, default=64, help="waiting requests beyond which the answer is 429")
     s.add_argument("--spec-off-above", type=int, default=None, help="no speculation while more requests run")

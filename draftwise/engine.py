@@ -26,20 +26,22 @@ class Engine:
     (`planner`, or one made over the runners' measured cost curves). `sampler` is the acceptance
     rule at temperature > 0 (swappable only so that `draftwise verify` can show it catches a wrong
     one). With `reuse_prefix`, the last prompt's KV state (target and drafter) is kept for the
-    next request with the same prompt. `requests` runs several at once, batched."""
+    next request with the same prompt; `prompt_cache_bytes` > 0 keeps copies of finished prompts'
+    target KV for later prompts sharing a prefix (draftwise.prompt_cache). `requests` runs several
+    at once, batched."""
 
     scheduler_class = Scheduler
 
     def __init__(self, target: ModelRunner, tokenizer: Tokenizer, drafter: Drafter | None = None,
                  num_draft_tokens: int | str = 4, sampler=rejection_sample, tree_sampler=rejection_sample_tree,
-                 reuse_prefix: bool = False,
+                 reuse_prefix: bool = False, prompt_cache_bytes: int = 0,
                  planner: Planner | None = None, policy: DraftPolicy | None = None, max_running: int = 16):
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.num_draft_tokens = check_draft_len(num_draft_tokens)
         self.policy = policy or make_policy(self.num_draft_tokens, target, drafter, planner=planner)
         self.scheduler = self.scheduler_class(target, tokenizer, drafter, self.policy, max_running=max_running,
                                               max_queue=1 << 30, sampler=sampler, tree_sampler=tree_sampler,
-                                              reuse_prefix=reuse_prefix)
+                                              reuse_prefix=reuse_prefix, prompt_cache_bytes=prompt_cache_bytes)
 
     @property
     def max_draft(self) -> int:

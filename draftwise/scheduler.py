@@ -43,6 +43,7 @@ from draftwise.drafters.base import Drafter, Proposal
 from draftwise.output import OutputTracker
 from draftwise.planner import Batch
 from draftwise.policy import DraftPolicy, FixedDraftLength, RoundOutcome, StepTimes
+from draftwise.prompt_cache import PromptCache
 from draftwise.request import (Chunk, GenerationResult, PlanStep, Round, TokenLogprobs, check_draft_len,
                                check_request)
 from draftwise.sampling import SamplingParams, argmax, sample, warp
@@ -126,7 +127,9 @@ class Scheduler:
     rules for chains and candidate trees at temperature > 0 (swappable only so that `draftwise
     verify` can show it catches a wrong one). With
     `reuse_prefix`, a finished (or cancelled) request's prompt KV (target and drafter) is kept for
-    the next request with the same prompt. `pad_ragged` (llama.cpp with per-sequence KV streams, which
+    the next request with the same prompt (draftwise verify's repeated samples of one prompt: no
+    copy); `prompt_cache_bytes` > 0 keeps copies of many prompts' target KV (PromptCache) for
+    later prompts that share a prefix with them. `pad_ragged` (llama.cpp with per-sequence KV streams, which
     splits a batch into ubatches of equally many tokens per sequence): pad each step's feeds to
     equal length, trading ragged ubatches for wasted rows. `reserve_draft`: the context check
     leaves room for a whole draft after max_tokens; False checks only prompt + max_tokens, which is
@@ -136,7 +139,8 @@ class Scheduler:
     def __init__(self, target: ModelRunner, tokenizer, drafter: Drafter | None = None,
                  policy: DraftPolicy | None = None, max_running: int = 16, max_queue: int = 64,
                  observer=None, pad_ragged: bool = False, sampler=rejection_sample,
-                 tree_sampler=rejection_sample_tree, reuse_prefix: bool = False, reserve_draft: bool = True):
+                 tree_sampler=rejection_sample_tree, reuse_prefix: bool = False, reserve_draft: bool = True,
+                 prompt_cache_bytes: int = 0):
         if max_running < 1 or max_queue < 0:
             raise ValueError(f"need max_running >= 1 and max_queue >= 0, got {max_running}, {max_queue}")
         if getattr(drafter, "tree", False) and not getattr(target, "trees", False):
@@ -158,6 +162,9 @@ class Scheduler:
         self._waiting: deque[Request] = deque()
         self._running: list[RequestState] = []
         self._prefix: _Prefix | None = None
+        if prompt_cache_bytes and not hasattr(target, "save"):
+            raise ValueError(f"the {target.backend} backend cannot save a sequence's KV state: no prompt cache")
+        self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes else None
         self._cond = threading.Condition()
         self._close_lock = threading.Lock()  # drain and the server's shutdown may both close
         self._closed = False
@@ -328,30 +335,43 @@ class Scheduler:
                 continue
             self._prefill(req)
 
-    def _open(self, prompt_ids: list[int]) -> tuple[int, int, torch.Tensor | None]:
-        """(target seq, drafter key, the prompt's logits if its KV was kept, else None)."""
+    def _open(self, prompt_ids: list[int], private: bool) -> tuple[int, int, int, torch.Tensor | None]:
+        """(target seq, drafter key, prompt tokens its KV holds already, the prompt's logits if
+        it holds the whole prompt, else None). A private request does not read the prompt cache."""
         p, self._prefix = self._prefix, None
         if p is not None:
             if p.ids == prompt_ids:  # the drafter rolls itself back to the prompt on its next propose
-                return p.seq, p.key, p.logits.clone()
+                return p.seq, p.key, len(p.ids), p.logits.clone()
             self._free_seq(p.seq, p.key)
         seq = self.target.new_sequence()
         self._held.add(seq)
-        return seq, next(self._keys), None
+        hit = self.prompt_cache.lookup(prompt_ids) if self.prompt_cache is not None and not private else None
+        if hit is None:
+            return seq, next(self._keys), 0, None
+        try:
+            self.target.restore(seq, hit.state)
+            self.target.truncate(seq, hit.reuse)
+        except BaseException:
+            self._held.discard(seq)
+            self.target.free(seq)
+            raise
+        return seq, next(self._keys), hit.reuse, hit.logits
 
     def _prefill(self, req: Request) -> None:
         try:
-            seq, key, logits = self._open(req.prompt_ids)
-        except Exception as e:  # noqa: BLE001 - no sequence opened: nothing to free
+            seq, key, cached, logits = self._open(req.prompt_ids, req.private)
+        except Exception as e:  # noqa: BLE001 - no sequence opened (or it is freed): nothing to free
             self._send(req, e)
             self.observer.failed(req, e)
             return
         st = RequestState(req, seq, key, list(req.prompt_ids))
+        st.stats.cached_tokens = cached
         self._running.append(st)
         self._try(st, self._first_token, st, logits)
 
     def _first_token(self, st: RequestState, logits: torch.Tensor | None) -> None:
-        """Set the request up, prefill its prompt (unless its KV was kept), commit its first token."""
+        """Set the request up, prefill its prompt (past what its KV holds already: a kept or
+        cached prompt), commit its first token."""
         req, p = st.req, st.req.params
         if req.private and self.drafter is not None:
             self.drafter.isolate(st.key)
@@ -362,15 +382,16 @@ class Scheduler:
             # a head reads the prompt's features only where they come free with the forward
             # (torch: all of them); on llama.cpp they would cost the prefill work per prompt row,
             # so the head starts from the first step's (DraftHead drafter's `ready`)
-            logits, feats = self._target_forward([st.seq], [req.prompt_ids], [1], collect=False)
+            new = req.prompt_ids[st.stats.cached_tokens:]
+            logits, feats = self._target_forward([st.seq], [new], [1], collect=False)
             logits = logits[0][-1:]  # [1, V]
             if feats[0] is not None:
                 self.drafter.observe(st.key, len(req.prompt_ids) - len(feats[0]), feats[0])
             dt = time.perf_counter() - t
-            self.observer.forward("prefill", 1, len(req.prompt_ids), dt)
+            self.observer.forward("prefill", 1, len(new), dt)
             self.observer.phase("prefill", dt)
         first = int(argmax(logits[-1])) if p.greedy else sample(warp(logits[-1:], p)[0], st.gen)
-        if self.reuse_prefix:
+        if self.reuse_prefix or self.prompt_cache is not None:
             st.prompt_logits = logits.clone()
         st.stats.plain_steps += 1
         st.stats.prefill_s = time.perf_counter() - req.t0
@@ -687,6 +708,12 @@ class Scheduler:
             self.target.truncate(st.seq, len(st.req.prompt_ids))
             self._prefix = _Prefix(list(st.req.prompt_ids), st.seq, st.key, st.prompt_logits)
             return
+        if keep_prompt and self.prompt_cache is not None and not st.req.private:  # nor stores it
+            try:
+                self.target.truncate(st.seq, len(st.req.prompt_ids))
+                self.prompt_cache.store(st.req.prompt_ids, self.target.save(st.seq), st.prompt_logits)
+            except Exception as e:  # noqa: BLE001 - a cache that cannot keep this prompt loses nothing else
+                log.warning("the prompt cache could not keep a prompt: %r", e)
         # what the request delivered: ctx also holds a round's verified tokens past an EOS or a stop
         # string, which no drafter may learn as the answer's continuation
         delivered = None if st.out is None else st.ctx[: len(st.req.prompt_ids) + len(st.out.token_ids)]

@@ -14,6 +14,8 @@ Counters (words as defined in `draftwise.verify`):
   (a candidate tree: rounds whose tree reached depth i + 1, and accepted paths that did).
 - tree_rounds: verification rounds whose draft was a candidate tree (branching); their
   proposed_tokens are its nodes, all verified in the one forward.
+- cached_tokens: prompt tokens whose KV came from the prompt cache (or a kept prompt), not the
+  prefill (OpenAI's usage.prompt_tokens_details.cached_tokens).
 Times in seconds: prefill_s (prompt forward, first token), draft_s, verify_s (target forwards
 and the acceptance test of rounds and plain steps), other_s (the rest of wall_s: bookkeeping,
 stop checks, detokenising, callbacks).
@@ -39,6 +41,7 @@ class SpecStats:
     plain_steps: int = 0
     discarded_tokens: int = 0
     tree_rounds: int = 0
+    cached_tokens: int = 0
     proposed_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     prefill_s: float = 0.0

@@ -1,6 +1,8 @@
 """A toy model runner and tokenizer for fast engine tests: logits depend on the last token only."""
 import torch
 
+from draftwise.backends.base import KVState
+
 
 class CycleRunner:
     """Next token after t is (t + 1) % period, as a peaked but not one-hot distribution."""
@@ -48,6 +50,13 @@ class CycleRunner:
 
     def kv_bytes(self):
         return 64 * sum(map(len, self.seqs.values()))
+
+    def save(self, s):
+        return KVState(len(self.seqs[s]), 64 * len(self.seqs[s]), list(self.seqs[s]))
+
+    def restore(self, s, state):
+        assert not self.seqs[s]
+        self.seqs[s] = list(state.data)
 
 
 class CharTokenizer:

@@ -181,6 +181,42 @@ def _assert_same(runner, prompt_ids, base, other, label):
                          f"(plain {base[pos:pos + 3]}, {label} {other[pos:pos + 3]}); plain context {margin}")
 
 
+def test_a_saved_state_restored_in_another_stream_continues_bit_identically(runner, tok, seqs):
+    a, b = seqs(), seqs()
+    ids = _chat(tok, PROMPTS[2])
+    runner.forward([a], [ids], [0])
+    state = runner.save(a)
+    assert state.n == len(ids) and state.nbytes > 0 and runner.length(a) == len(ids)  # saving edits nothing
+    runner.restore(b, state)
+    assert runner.length(b) == len(ids)
+    new = [tok.encode(" The")[0], 1234, 5678]
+    ref = runner.forward([a], [new], [3])[0]
+    assert torch.equal(runner.forward([b], [new], [3])[0], ref)  # the same cells, the same logits
+    c = seqs()
+    runner.restore(c, state)
+    runner.truncate(c, len(ids) - 4)  # a shared prefix of the saved prompt, then the rest fed again
+    torch.testing.assert_close(runner.forward([c], [ids[-4:] + new], [3])[0], ref, atol=1e-3, rtol=0)
+    with pytest.raises(ValueError, match="empty live sequence"):
+        runner.restore(b, state)
+
+
+def test_engine_with_a_prompt_cache_skips_prefills_and_keeps_greedy_outputs(runner, tok):
+    ids = _chat(tok, PROMPTS[0])
+    base = Engine(runner, tok).generate(ids, max_tokens=24)
+    eng = Engine(runner, tok, NgramDrafter(1, 3), 4, prompt_cache_bytes=64 << 20)
+    first = eng.generate(ids, max_tokens=24)
+    again = eng.generate(ids, max_tokens=24)
+    assert again.stats.cached_tokens == len(ids) and first.stats.cached_tokens == 0
+    _assert_same(runner, ids, base.token_ids, first.token_ids, "uncached")
+    assert again.token_ids == first.token_ids  # restored cells: the same computation
+    grown = ids + tok.encode(" Answer in Python.")
+    hit = eng.generate(grown, max_tokens=24)
+    assert hit.stats.cached_tokens == len(ids)
+    _assert_same(runner, grown, Engine(runner, tok).generate(grown, max_tokens=24).token_ids, hit.token_ids,
+                 "cached prefix")
+    assert runner.kv_bytes() == 0  # the cache holds copies, no live sequence
+
+
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_engine_greedy_identity(runner, draft_runner, tok, prompt):
     ids = _chat(tok, prompt)

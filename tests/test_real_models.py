@@ -1,5 +1,6 @@
 """Real small models on the torch backend: greedy identity, determinism, stops, vocab checks."""
 import pytest
+import torch
 
 from draftwise.compare import divergence_report
 from draftwise.drafters.model import ModelDrafter
@@ -47,6 +48,28 @@ def test_model_drafter_greedy_identity(smol):
     _assert_identical(runner, ids, plain, spec)
     assert spec.stats.acceptance_rate > 0.9  # a model drafting for itself is (nearly) always right
     assert draft_runner._caches == {}  # the draft sequence was released
+
+
+def test_prompt_cache_restores_the_same_cache(smol):
+    runner, tok = smol
+    ids = _prompts(tok)[1]
+    a = runner.new_sequence()
+    runner.forward([a], [ids], [0])
+    state = runner.save(a)
+    b = runner.new_sequence()
+    runner.restore(b, state)
+    ref = runner.forward([a], [ids[:3]], [3])[0]
+    assert torch.equal(runner.forward([b], [ids[:3]], [3])[0], ref)  # the same tensors, the same logits
+    c = runner.new_sequence()
+    runner.restore(c, state)
+    runner.truncate(c, len(ids) - 5)
+    torch.testing.assert_close(runner.forward([c], [ids[-5:] + ids[:3]], [3])[0], ref, atol=1e-4, rtol=0)
+    for s in (a, b, c):
+        runner.free(s)
+    eng = Engine(runner, tok, NgramDrafter(1, 3), 5, prompt_cache_bytes=256 << 20)
+    plain = Engine(runner, tok).generate(ids, max_tokens=16)
+    first, again = (eng.generate(ids, max_tokens=16) for _ in range(2))
+    assert first.token_ids == again.token_ids == plain.token_ids and again.stats.cached_tokens == len(ids)
 
 
 def test_seeded_sampling_is_reproducible(smol):

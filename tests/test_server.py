@@ -311,3 +311,22 @@ def test_the_server_loader_takes_loaded_objects_out_of_the_collectors_view(monke
         assert gc.get_freeze_count() >= before + len(held)
     finally:
         gc.unfreeze()
+
+
+def test_the_prompt_cache_serves_a_prompt_asked_again():
+    s = LiveServer(prompt_cache_mb=64)
+    try:
+        body = {"model": MODEL, "prompt": "def fibonacci(n):\n    ", "max_tokens": 12, "temperature": 0}
+        first, again = (s.post("/v1/completions", json=body).json() for _ in range(2))
+        n = first["usage"]["prompt_tokens"]
+        assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+        assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": n}
+        assert again["choices"][0]["text"] == first["choices"][0]["text"]
+        assert metric(s, "vllm:prefix_cache_hits_total") == n
+        assert metric(s, "vllm:prefix_cache_queries_total") == 2 * n
+        assert metric(s, "draftwise:prompt_cache_entries") == 1 and metric(s, "draftwise:prompt_cache_bytes") > 0
+        private = s.post("/v1/completions", json={**body, "private": True}).json()
+        assert private["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+        assert private["choices"][0]["text"] == first["choices"][0]["text"]
+    finally:
+        s.close()

@@ -1,9 +1,18 @@
 """The model-runner interface: the one owner of a model's KV state, for several sequences."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+
+@dataclass(slots=True)
+class KVState:
+    """A copy of one sequence's KV state, `n` tokens (`ModelRunner.save`)."""
+    n: int
+    nbytes: int
+    data: object  # the runner's own: llama.cpp's serialized sequence, torch's cache copy
 
 
 class ModelRunner(Protocol):
@@ -17,6 +26,9 @@ class ModelRunner(Protocol):
     so far and its own ancestors only, at position length + its depth; after verification
     `keep(seq, n, rows)` keeps the first n tokens and then the tokens at `rows` (ascending, >= n),
     which become positions n, n+1, ...
+
+    Prompt caching (optional: a runner without `save` cannot cache prompts): `save(seq)` copies the
+    sequence's KV state out; `restore(seq, state)` gives an empty sequence that state.
     """
 
     vocab_size: int  # width of the logits rows
@@ -45,6 +57,10 @@ class ModelRunner(Protocol):
     def free(self, seq_id: int) -> None: ...
 
     def kv_bytes(self) -> int: ...  # bytes of KV state held now, all sequences
+
+    def save(self, seq_id: int) -> KVState: ...  # optional (prompt caching)
+
+    def restore(self, seq_id: int, state: KVState) -> None: ...  # into an empty sequence
 
 
 def check_forward_args(seq_ids: list[int], tokens: list[list[int]], num_logits: list[int]) -> None:

@@ -38,7 +38,7 @@ import llama_cpp as _ll
 import numpy as np
 import torch
 
-from draftwise.backends.base import check_forward_args, equal_split_parts, padded_parts, tree_layout
+from draftwise.backends.base import KVState, check_forward_args, equal_split_parts, padded_parts, tree_layout
 from draftwise.machine import cpu_flags, physical_cores
 
 _LOG_CALLBACK = None  # must outlive every llama.cpp call: C keeps the bare pointer
@@ -396,6 +396,26 @@ class LlamaRunner:
             return 0
         ids = list(self._lengths) + ([GRAVEYARD] if self.trees else [])
         return sum(int(_ll.llama_state_seq_get_size(self._ctx, s)) for s in ids)
+
+    def save(self, seq_id: int) -> KVState:
+        """A copy of the sequence's cells in host memory (llama.cpp's sequence state)."""
+        if self._lengths.get(seq_id) is None or seq_id in self._pending:
+            raise ValueError(f"sequence {seq_id} is not a live sequence without a pending tree")
+        size = int(_ll.llama_state_seq_get_size(self._ctx, seq_id))
+        buf = (ctypes.c_uint8 * size)()
+        if int(_ll.llama_state_seq_get_data(self._ctx, buf, size, seq_id)) != size:
+            raise RuntimeError(f"llama.cpp could not copy sequence {seq_id}'s state ({size} bytes)")
+        return KVState(self._lengths[seq_id], size, buf)
+
+    def restore(self, seq_id: int, state: KVState) -> None:
+        """Give an empty sequence a saved state: its cells take the stream's first free ones, in
+        order, so the sequence has no holes (the module docstring)."""
+        if self._lengths.get(seq_id) != 0:
+            raise ValueError(f"restore needs an empty live sequence, sequence {seq_id} holds {self._lengths.get(seq_id)}")
+        if int(_ll.llama_state_seq_set_data(self._ctx, state.data, state.nbytes, seq_id)) != state.nbytes:
+            _ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+            raise RuntimeError(f"llama.cpp could not restore a saved state of {state.n} tokens into sequence {seq_id}")
+        self._lengths[seq_id] = state.n
 
     def close(self) -> None:
         if getattr(self, "_batch", None) is not None:

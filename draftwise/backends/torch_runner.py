@@ -10,13 +10,14 @@ llama.cpp backend's job, where sequence ids share one KV buffer.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 
 import torch
 from transformers import DynamicCache
 
 from draftwise.backends import packed_linear
-from draftwise.backends.base import check_forward_args, tree_layout
+from draftwise.backends.base import KVState, check_forward_args, tree_layout
 from draftwise.machine import cache_dir
 
 
@@ -134,11 +135,24 @@ class TorchRunner:
     def free(self, seq_id: int) -> None:
         self._caches.pop(seq_id, None)
 
+    def save(self, seq_id: int) -> KVState:
+        """A copy of the sequence's cache (on the KV's device)."""
+        cache = copy.deepcopy(self._caches[seq_id])
+        return KVState(cache.get_seq_length(), _cache_bytes(cache), cache)
+
+    def restore(self, seq_id: int, state: KVState) -> None:
+        if self.length(seq_id):
+            raise ValueError(f"sequence {seq_id} holds {self.length(seq_id)} tokens: restore needs an empty one")
+        self._caches[seq_id] = copy.deepcopy(state.data)
+
     def kv_bytes(self) -> int:
-        total = 0
-        for cache in self._caches.values():
-            for layer in cache.layers:
-                for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-                    if isinstance(t, torch.Tensor):
-                        total += t.numel() * t.element_size()
-        return total
+        return sum(_cache_bytes(c) for c in self._caches.values())
+
+
+def _cache_bytes(cache: DynamicCache) -> int:
+    total = 0
+    for layer in cache.layers:
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total

@@ -117,6 +117,11 @@ class EngineTarget:
         self.kv = self.dkv = 0
         self.probe_s = 0.0
 
+    def forget_prompts(self) -> None:
+        """Empty the engine's prompt cache, if it has one."""
+        if self.engine.scheduler.prompt_cache is not None:
+            self.engine.scheduler.prompt_cache.clear()
+
     def probe_kv(self) -> None:
         if self.kv_probe:
             tp = time.perf_counter()

@@ -137,6 +137,9 @@ def _warm_up(cfg: BenchConfig, targets: dict, prompt: Prompt, ids: list[int]) ->
     for _ in range(cfg.warmup):
         for t in targets.values():
             t.run_group([(prompt, ids, kw)])
+    for t in targets.values():  # the warm-up prompt is a measured one: measure it uncached
+        if hasattr(t, "forget_prompts"):
+            t.forget_prompts()
 
 
 def _margins(cfg: BenchConfig, targets: dict, res: Results, prompt_ids: dict[str, list[int]], out) -> None:

@@ -67,6 +67,8 @@ def create_app(life: Lifecycle, cfg: ServeConfig, metrics: ServerMetrics) -> Fas
             metrics.held(sched.sequences_held)
             if sched.drafter is not None:
                 metrics.drafter_state(sched.drafter.memory_nodes())
+            if (cache := sched.prompt_cache) is not None:
+                metrics.prompt_cache(cache.bytes, len(cache))
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions", responses=_ERRORS)

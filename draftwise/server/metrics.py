@@ -53,6 +53,14 @@ class ServerMetrics:
                                "more is a leak.", m, registry=r)
         self.drafter_nodes = Gauge("draftwise:drafter_shared_nodes", "Nodes of the drafter's state shared across "
                                    "requests (the suffix drafter's global trie), capped by eviction.", m, registry=r)
+        self.cache_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens of finished requests looked up "
+                                     "in the prompt cache.", m, registry=r)
+        self.cache_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens whose KV the prompt cache supplied.", m,
+                                  registry=r)
+        self.cache_bytes = Gauge("draftwise:prompt_cache_bytes", "Bytes of prompt KV kept by the prompt cache "
+                                 "(capped by --prompt-cache-mb).", m, registry=r)
+        self.cache_entries = Gauge("draftwise:prompt_cache_entries", "Prompts kept by the prompt cache.", m,
+                                   registry=r)
         self.forward_seqs = Histogram("draftwise:forward_sequences", "Sequences carried by one target forward.",
                                       m + ["kind"], buckets=_SEQS, registry=r)
         self.forward_tokens = Counter("draftwise:forward_tokens", "Tokens fed to target forwards.", m + ["kind"],
@@ -96,6 +104,8 @@ class ServerMetrics:
             self.itl.labels(m).observe(b - a)
         self.e2e.labels(m).observe(times[-1] if times else result.ttft_s)
         self.prompt_tokens.labels(m).inc(result.prompt_tokens)
+        self.cache_queries.labels(m).inc(result.prompt_tokens)
+        self.cache_hits.labels(m).inc(result.stats.cached_tokens)
         self.generation_tokens.labels(m).inc(len(result.token_ids))
         self.success.labels(m, result.finish_reason).inc()
 
@@ -107,6 +117,10 @@ class ServerMetrics:
 
     def held(self, n: int) -> None:
         self.held_seqs.labels(self._m).set(n)
+
+    def prompt_cache(self, nbytes: int, entries: int) -> None:
+        self.cache_bytes.labels(self._m).set(nbytes)
+        self.cache_entries.labels(self._m).set(entries)
 
     def drafter_state(self, nodes: int) -> None:
         self.drafter_nodes.labels(self._m).set(nodes)

@@ -69,7 +69,8 @@ class Formatter:
     def usage(result: GenerationResult) -> dict:
         n = len(result.token_ids)
         return {"prompt_tokens": result.prompt_tokens, "completion_tokens": n,
-                "total_tokens": result.prompt_tokens + n}
+                "total_tokens": result.prompt_tokens + n,
+                "prompt_tokens_details": {"cached_tokens": result.stats.cached_tokens}}
 
     def whole(self, result: GenerationResult) -> dict:
         body = self._envelope([self._choice(result.text, result.finish_reason, result.token_ids, False,
