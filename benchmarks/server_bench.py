@@ -3,7 +3,9 @@ concurrency 1, 2, 4, 8, 16 (docs/server.md, Measuring it): `draftwise serve` (de
 n-gram `auto`, n-gram D = 4), or with `--engine llama-server` llama.cpp's own server
 (scripts/setup_peers.sh builds it; configurations plain, its n-gram types, `draft`: the 0.5B
 draft model; docs/peers.md), or vLLM; with a peer, `draftwise-auto` adds `draftwise serve` at
-`auto` on the same prompts. The bench interleaves the servers' request groups, so only one
+`auto` on the same prompts. draftwise's servers run without their prompt cache
+(`--prompt-cache-mb 0`; `--serve-args` can set it), so that every repeat of a prompt measures its
+prefill. The bench interleaves the servers' request groups, so only one
 computes at a time; at temperature 0 it asks every server for logprobs and compares outputs token
 by token.
 
@@ -65,7 +67,7 @@ def vllm_flags(config: str, draft_model: str) -> dict | None:
 def draftwise_command(a: argparse.Namespace, config: str, port: int, extra: list[str]) -> list[str]:
     return CLI + ["serve", "--target", a.model, "--backend", "llama.cpp", "--threads", str(a.threads),
                   "--max-running", "16", "--max-context", str(a.max_context), "--host", "127.0.0.1",
-                  *server_flags(config, a.drafter), *extra, "--port", str(port)]
+                  "--prompt-cache-mb", "0", *server_flags(config, a.drafter), *extra, "--port", str(port)]
 
 
 def commands(a: argparse.Namespace) -> tuple[dict[str, list[str]], list[str]]:

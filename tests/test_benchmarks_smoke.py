@@ -202,6 +202,7 @@ def test_server_bench_commands(capsys):
     assert servers["plain"][-2:] == ["--port", "9000"] and "none" in servers["plain"]
     assert servers["auto"][servers["auto"].index("--num-draft-tokens") + 1] == "auto"
     assert servers["D8"][servers["D8"].index("--num-draft-tokens") + 1] == "8"
+    assert servers["plain"][servers["plain"].index("--prompt-cache-mb") + 1] == "0"  # repeats measure prefills
     assert "plain=http://127.0.0.1:9000/v1" in bench and "D8=http://127.0.0.1:9002/v1" in bench
     assert bench[bench.index("--concurrency") + 1: bench.index("--concurrency") + 3] == ["1", "2"]
     assert bench[bench.index("--baseline") + 1] == "plain"
