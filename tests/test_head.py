@@ -134,6 +134,19 @@ def test_greedy_output_equals_plain_decoding(backend, smol_torch, smol_llama, tm
         assert spec.stats.proposed_tokens >= 20
 
 
+@pytest.mark.parametrize("backend", ["torch", "llama.cpp"])
+def test_a_head_drafts_after_a_cached_prompt(backend, smol_torch, smol_llama, tmp_path):
+    """A cached prompt brings no target features for the part it skips: the head starts from the
+    features it gets (the rest of the prompt's, or the first step's) and output stays plain's."""
+    runner, tok = smol_torch if backend == "torch" else smol_llama
+    eng = Engine(runner, tok, _drafter(runner, _head_dir(runner, tmp_path / "h")), 3, prompt_cache_bytes=64 << 20)
+    for prompt in (PROMPT, PROMPT, PROMPT + "\n\ndef largest("):
+        plain = Engine(runner, tok).generate(prompt, max_tokens=24)
+        spec = eng.generate(prompt, max_tokens=24)
+        assert spec.token_ids == plain.token_ids and spec.stats.proposed_tokens > 0
+    assert spec.stats.cached_tokens == len(tok.encode(PROMPT))
+
+
 class _Later(FixedDraftLength):
     """D = 2 from the request's 6th step on, plain steps before (as a planner that starts drafting)."""
     def choose(self, st, batch, available, behind):

@@ -101,3 +101,17 @@ def test_tree_decoding_replayed_as_chains_is_bit_identical(runners, which):
         i += 1
     chain.free(s)
     assert trees > 0 and spec.stats.accepted_draft_tokens > 0
+
+
+def test_a_cached_prompt_on_the_tree_runner_decodes_as_the_first_time(runners):
+    """The unified KV with branch ids and a graveyard: a saved prompt restored into a fresh
+    sequence takes the first free cells in order, and tree decoding after it is plain's."""
+    from draftwise.prompts import humaneval
+    chain, tree, tok = runners
+    ids = humaneval(2)[1].token_ids(tok)
+    eng = Engine(tree, tok, SuffixDrafter(tree=True), 8, prompt_cache_bytes=64 << 20, max_running=1)
+    eng.generate(ids[:-5], max_tokens=8)  # its prompt is kept; its answer is not this one's
+    spec = eng.generate(ids, max_tokens=48)
+    assert spec.stats.cached_tokens == len(ids) - 5 and spec.stats.tree_rounds > 0
+    assert spec.token_ids == Engine(chain, tok).generate(ids, max_tokens=48).token_ids
+    assert tree.kv_bytes() < 64  # no cells held (a state header): the cache keeps copies
