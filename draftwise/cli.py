@@ -299,7 +299,7 @@ def cmd_verify(a) -> int:
         raise ValueError(f"workload {a.workload!r} has no prompts to check")
     # a llama.cpp runner with candidate trees holds one sequence: the engines take turns (release)
     spec, runner, tok = build_engine(_spec(a, max_running=1 if a.drafter == "suffix-tree" else 2),
-                                     reuse_prefix=True, **sampler)
+                                     reuse_prefix=True, prompt_cache_bytes=0, **sampler)
     plain = Engine(runner, tok, reuse_prefix=True, max_running=1)
     prompts = [p.token_ids(tok) for p in work]
     if a.temperature == 0:

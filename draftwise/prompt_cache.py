@@ -24,6 +24,7 @@ from draftwise.backends.base import KVState
 
 @dataclass(slots=True)
 class CacheHit:
+    ids: tuple[int, ...]  # the entry's prompt
     state: KVState
     reuse: int  # prompt tokens the restored state supplies (truncate to this)
     logits: torch.Tensor | None  # [1, V] at the prompt's last token when the whole prompt matched
@@ -34,6 +35,10 @@ class _Entry:
     ids: tuple[int, ...]
     state: KVState
     logits: torch.Tensor  # [1, V] at ids[-1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.state.nbytes + self.logits.numel() * self.logits.element_size()
 
 
 class PromptCache:
@@ -49,13 +54,16 @@ class PromptCache:
         return len(self._entries)
 
     def lookup(self, ids: list[int]) -> CacheHit | None:
-        """The entry sharing the longest prefix with `ids` (None: no entry shares a token)."""
+        """The entry of this very prompt, else the one sharing the longest prefix with it (None:
+        no entry shares a token that need not be forwarded)."""
         self.lookups += 1
-        best, shared = None, 0
-        for e in self._entries.values():
-            n = _shared(e.ids, ids)
-            if n > shared:
-                best, shared = e, n
+        best = self._entries.get(tuple(ids))
+        shared = len(ids) if best is not None else 0
+        if best is None:
+            for e in self._entries.values():
+                n = _shared(e.ids, ids)
+                if n > shared:
+                    best, shared = e, n
         if best is None:
             return None
         whole = shared == len(ids) == len(best.ids)
@@ -65,22 +73,30 @@ class PromptCache:
         self._entries.move_to_end(best.ids)
         self.hits += 1
         self.reused_tokens += reuse
-        return CacheHit(best.state, reuse, best.logits.clone() if whole else None)
+        return CacheHit(best.ids, best.state, reuse, best.logits.clone() if whole else None)
+
+    def __contains__(self, ids: list[int]) -> bool:
+        return tuple(ids) in self._entries
 
     def store(self, ids: list[int], state: KVState, logits: torch.Tensor) -> None:
         """Keep a prompt's state (replacing one for the same ids), evicting the least recently
-        used entries to stay within max_bytes; a state larger than the whole cache is not kept."""
+        used entries to stay within max_bytes (the KV and the logits row); an entry larger than
+        the whole cache is not kept."""
         key = tuple(ids)
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.bytes -= old.state.nbytes
-        if state.nbytes > self.max_bytes:
+        self.discard(key)
+        entry = _Entry(key, state, logits)
+        if entry.nbytes > self.max_bytes:
             return
-        while self.bytes + state.nbytes > self.max_bytes:
+        while self.bytes + entry.nbytes > self.max_bytes:
             _, e = self._entries.popitem(last=False)
-            self.bytes -= e.state.nbytes
-        self._entries[key] = _Entry(key, state, logits)
-        self.bytes += state.nbytes
+            self.bytes -= e.nbytes
+        self._entries[key] = entry
+        self.bytes += entry.nbytes
+
+    def discard(self, ids) -> None:
+        old = self._entries.pop(tuple(ids), None)
+        if old is not None:
+            self.bytes -= old.nbytes
 
     def clear(self) -> None:
         self._entries.clear()

@@ -114,6 +114,7 @@ class NullObserver:
     """What the loop reports; the server's metrics implement the same methods."""
     def forward(self, kind: str, n_seqs: int, n_tokens: int, seconds: float) -> None: ...
     def round(self, proposed: int, accepted: int, positions: int) -> None: ...  # positions: a tree's depth
+    def cache(self, queried: int, hit: int) -> None: ...  # a prompt cache lookup: prompt tokens, reused
     def phase(self, name: str, seconds: float) -> None: ...
     def queue(self, waiting: int, running: int) -> None: ...
     def finished(self, req: Request, result: GenerationResult) -> None: ...
@@ -345,16 +346,23 @@ class Scheduler:
             self._free_seq(p.seq, p.key)
         seq = self.target.new_sequence()
         self._held.add(seq)
-        hit = self.prompt_cache.lookup(prompt_ids) if self.prompt_cache is not None and not private else None
+        if self.prompt_cache is None or private:
+            return seq, next(self._keys), 0, None
+        hit = self.prompt_cache.lookup(prompt_ids)
+        self.observer.cache(len(prompt_ids), 0 if hit is None else hit.reuse)
         if hit is None:
             return seq, next(self._keys), 0, None
         try:
             self.target.restore(seq, hit.state)
             self.target.truncate(seq, hit.reuse)
-        except BaseException:
+        except Exception as e:  # noqa: BLE001 - the entry goes, the request prefills its whole prompt
+            log.warning("a cached prompt could not be restored, dropped: %r", e)
+            self.prompt_cache.discard(hit.ids)
             self._held.discard(seq)
             self.target.free(seq)
-            raise
+            seq = self.target.new_sequence()
+            self._held.add(seq)
+            return seq, next(self._keys), 0, None
         return seq, next(self._keys), hit.reuse, hit.logits
 
     def _prefill(self, req: Request) -> None:
@@ -708,7 +716,8 @@ class Scheduler:
             self.target.truncate(st.seq, len(st.req.prompt_ids))
             self._prefix = _Prefix(list(st.req.prompt_ids), st.seq, st.key, st.prompt_logits)
             return
-        if keep_prompt and self.prompt_cache is not None and not st.req.private:  # nor stores it
+        if keep_prompt and self.prompt_cache is not None and not st.req.private \
+                and st.req.prompt_ids not in self.prompt_cache:  # a private one nor stores it
             try:
                 self.target.truncate(st.seq, len(st.req.prompt_ids))
                 self.prompt_cache.store(st.req.prompt_ids, self.target.save(st.seq), st.prompt_logits)

@@ -35,20 +35,34 @@ def test_lookup_reuses_the_longest_shared_prefix():
 
 def test_eviction_keeps_the_recently_used_within_the_cap():
     c = PromptCache(300)
-    z = torch.zeros(1, 2)
-    c.store([1], state(1, 100), z)
-    c.store([2], state(1, 100), z)
-    c.store([3], state(1, 100), z)
+    z = torch.zeros(1, 2)  # a logits row of 8 bytes, counted with its entry
+    c.store([1], state(1, 92), z)
+    c.store([2], state(1, 92), z)
+    c.store([3], state(1, 92), z)
+    assert c.bytes == 300
     assert c.lookup([1, 5]) is not None  # [1] is now the most recently used
-    c.store([4], state(1, 150), z)  # evicts [2] and [3], the least recently used
+    c.store([4], state(1, 142), z)  # evicts [2] and [3], the least recently used
     assert len(c) == 2 and c.bytes == 250
     assert c.lookup([2, 5]) is None and c.lookup([3, 5]) is None and c.lookup([1, 5]) is not None
-    c.store([4], state(1, 50), z)  # the same prompt again replaces its entry
+    c.store([4], state(1, 42), z)  # the same prompt again replaces its entry
     assert len(c) == 2 and c.bytes == 150
-    c.store([5], state(1, 301), z)  # larger than the whole cache: not kept, nothing evicted
-    assert len(c) == 2 and c.bytes == 150
+    c.store([5], state(1, 293), z)  # larger than the whole cache: not kept, nothing evicted
+    assert len(c) == 2 and c.bytes == 150 and [5] not in c and [4] in c
     with pytest.raises(ValueError, match="prompt cache's size"):
         PromptCache(-1)
+
+
+def test_a_prompt_asked_again_finds_its_own_entry_before_a_longer_one():
+    c = PromptCache(1 << 20)
+    z = torch.ones(1, 3)
+    c.store([1, 2, 3, 4, 5], state(5), z)
+    c.store([1, 2, 3], state(3), z * 2)
+    c.store([5, 6], state(2), z)
+    assert c.lookup([1, 2, 9]).reuse == 2  # a tie between the first two: either may serve
+    hit = c.lookup([1, 2, 3])  # the whole prompt is an entry: reused whole, with its logits
+    assert hit.reuse == 3 and torch.equal(hit.logits, z * 2)
+    c.store([5], state(1), z * 3)
+    assert torch.equal(c.lookup([5]).logits, z * 3)  # a one-token prompt matched by its own entry
 
 
 def counting_runner():
@@ -99,3 +113,18 @@ def test_a_private_request_neither_reads_nor_adds_entries():
     r = eng.generate(PROMPT, max_tokens=4, private=True)
     assert r.stats.cached_tokens == 0 and fed[n] == len(PROMPT)  # prefilled although an entry exists
     assert eng.scheduler.prompt_cache.lookups == 1  # the shared request looked, the private ones did not
+
+
+def test_a_state_that_cannot_be_restored_is_dropped_and_the_prompt_prefilled():
+    runner, fed = counting_runner()
+    eng = Engine(runner, CharTokenizer(), NgramDrafter(1, 3), 4, prompt_cache_bytes=1 << 20)
+    ref = eng.generate(PROMPT, max_tokens=6)
+
+    def broken(s, state):
+        raise RuntimeError("no memory for the copy")
+    runner.restore = broken
+    n = len(fed)
+    again = eng.generate(PROMPT, max_tokens=6)
+    assert again.token_ids == ref.token_ids and again.stats.cached_tokens == 0 and fed[n] == len(PROMPT)
+    assert PROMPT in eng.scheduler.prompt_cache and runner.seqs == {}  # stored anew from this request
+    assert not eng.scheduler.sequences_held

@@ -64,7 +64,13 @@ def test_prompt_cache_restores_the_same_cache(smol):
     runner.restore(c, state)
     runner.truncate(c, len(ids) - 5)
     torch.testing.assert_close(runner.forward([c], [ids[-5:] + ids[:3]], [3])[0], ref, atol=1e-4, rtol=0)
-    for s in (a, b, c):
+    d = runner.new_sequence()  # a sequence cut back to its prompt: its saved copy holds the prompt only
+    runner.forward([d], [ids + ids], [0])
+    runner.truncate(d, len(ids))
+    cut = runner.save(d)
+    held = sum(t.untyped_storage().nbytes() for layer in cut.data.layers for t in (layer.keys, layer.values))
+    assert cut.n == len(ids) and cut.nbytes == state.nbytes == held
+    for s in (a, b, c, d):
         runner.free(s)
     eng = Engine(runner, tok, NgramDrafter(1, 3), 5, prompt_cache_bytes=256 << 20)
     plain = Engine(runner, tok).generate(ids, max_tokens=16)

@@ -136,8 +136,12 @@ class TorchRunner:
         self._caches.pop(seq_id, None)
 
     def save(self, seq_id: int) -> KVState:
-        """A copy of the sequence's cache (on the KV's device)."""
-        cache = copy.deepcopy(self._caches[seq_id])
+        """A copy of the sequence's cache (on the KV's device). Its tensors may be views of longer
+        ones (`crop` slices), so each is copied compactly rather than with its whole storage."""
+        src = self._caches[seq_id]
+        memo = {id(t): t.clone(memory_format=torch.contiguous_format) for layer in src.layers
+                for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor)}
+        cache = copy.deepcopy(src, memo)
         return KVState(cache.get_seq_length(), _cache_bytes(cache), cache)
 
     def restore(self, seq_id: int, state: KVState) -> None:

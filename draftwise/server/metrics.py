@@ -53,8 +53,8 @@ class ServerMetrics:
                                "more is a leak.", m, registry=r)
         self.drafter_nodes = Gauge("draftwise:drafter_shared_nodes", "Nodes of the drafter's state shared across "
                                    "requests (the suffix drafter's global trie), capped by eviction.", m, registry=r)
-        self.cache_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens of finished requests looked up "
-                                     "in the prompt cache.", m, registry=r)
+        self.cache_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prompt cache.",
+                                     m, registry=r)
         self.cache_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens whose KV the prompt cache supplied.", m,
                                   registry=r)
         self.cache_bytes = Gauge("draftwise:prompt_cache_bytes", "Bytes of prompt KV kept by the prompt cache "
@@ -89,6 +89,10 @@ class ServerMetrics:
             self.proposed_pos.labels(self._m, str(i)).inc()
             self.accepted_pos.labels(self._m, str(i)).inc(1 if i < accepted else 0)
 
+    def cache(self, queried: int, hit: int) -> None:
+        self.cache_queries.labels(self._m).inc(queried)
+        self.cache_hits.labels(self._m).inc(hit)
+
     def phase(self, name: str, seconds: float) -> None:
         self.phase_s.labels(self._m, name).inc(seconds)
 
@@ -104,8 +108,6 @@ class ServerMetrics:
             self.itl.labels(m).observe(b - a)
         self.e2e.labels(m).observe(times[-1] if times else result.ttft_s)
         self.prompt_tokens.labels(m).inc(result.prompt_tokens)
-        self.cache_queries.labels(m).inc(result.prompt_tokens)
-        self.cache_hits.labels(m).inc(result.stats.cached_tokens)
         self.generation_tokens.labels(m).inc(len(result.token_ids))
         self.success.labels(m, result.finish_reason).inc()
 
