@@ -2,8 +2,8 @@
 
 When a request finishes, its prompt's KV state is saved (a copy: `runner.save`, in host memory on
 llama.cpp, on the KV's own device under torch) with the prompt's token ids and the logits at its last
-token. A new request restores the entry sharing the longest prefix with its prompt, truncated to
-what they share, and prefills only the rest: the same prompt asked again (an agent's retry, a
+token. A new request restores its own prompt's entry, else the one sharing the longest prefix
+with its prompt, truncated to what they share, and prefills only the rest: the same prompt asked again (an agent's retry, a
 second pass) costs no prefill, and prompts that start alike (a system prompt, a chat template, a
 file sent again with a new question) prefill only where they differ. At least one prompt token is
 always forwarded unless the whole prompt matches, since its logits give the first output token.
