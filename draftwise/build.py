@@ -63,7 +63,6 @@ class ModelFields:
     auto_members: tuple[str, ...] = AUTO_MEMBERS  # the drafters --drafter auto chooses among
     n_batch: int | None = None  # llama.cpp only: tokens per decode call
     kernels: str = "auto"  # llama.cpp only: "repacked" | "standard" | "auto" (resolve_kernels)
-    prompt_cache_mb: int = 0  # finished prompts' KV kept for later prompts sharing a prefix (0: off)
 
     def check_models(self) -> None:
         if self.n_batch is not None and self.n_batch < 1:
@@ -76,8 +75,6 @@ class ModelFields:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"unknown device {self.device!r}; expected cpu, cuda or cuda:N")
-        if self.prompt_cache_mb < 0:
-            raise ValueError(f"prompt_cache_mb must be >= 0, got {self.prompt_cache_mb}")
         if self.max_context is not None and self.max_context < 1:
             raise ValueError(f"max_context must be >= 1 token, got {self.max_context}")
         if self.kernels not in KERNELS:
@@ -99,6 +96,7 @@ class EngineSpec(ModelFields):
     num_draft_tokens: int | str = "auto"  # a fixed D, or "auto": the planner picks D per round
     max_running: int = 4  # sequences held at once (llama.cpp streams): requests batched together
     trees: bool = False  # llama.cpp: load the target able to verify candidate trees (one unified KV); suffix-tree implies it
+    prompt_cache_mb: int = 0  # finished prompts' KV kept for later prompts sharing a prefix (0: off)
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -106,6 +104,8 @@ class EngineSpec(ModelFields):
         check_draft_len(self.num_draft_tokens)
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")
+        if self.prompt_cache_mb < 0:
+            raise ValueError(f"prompt_cache_mb must be >= 0, got {self.prompt_cache_mb}")
         self.check_models()
         if self.backend is None:
             self.backend = default_backend(self.target, self.device)

@@ -41,9 +41,8 @@ def write_report(totals, out):
 ```"""
 
 
-def _model_args(p: argparse.ArgumentParser, drafting: bool = True, prompt_cache_mb: int = 0) -> None:
-    """The model flags, defined once for every command (defaults: draftwise.build.EngineSpec; the
-    prompt cache's: the command's)."""
+def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
+    """The model flags, defined once for every command (defaults: draftwise.build.EngineSpec)."""
     from draftwise.build import AUTO_MEMBERS, DRAFTERS, EngineSpec, ModelFields
 
     d = EngineSpec.__dataclass_fields__
@@ -77,13 +76,16 @@ def _model_args(p: argparse.ArgumentParser, drafting: bool = True, prompt_cache_
     p.add_argument("--suffix-max-nodes", type=int, default=d["suffix_max_nodes"].default,
                    help="suffix drafter: nodes of its trie over recent outputs (~270 bytes each); the oldest "
                         "request's output is evicted past it")
-    p.add_argument("--prompt-cache-mb", type=_count, default=prompt_cache_mb,
-                   help="MiB of finished prompts' KV kept (least recently used evicted) so that a later prompt "
-                        f"sharing a prefix with one prefills only the rest; 0: off (default {prompt_cache_mb})")
     p.add_argument("--auto-members", type=_members, default=d["auto_members"].default,
                    help="drafter auto: the drafters it chooses among each round, comma-separated, of ngram, "
                         f"suffix, model, head (default {','.join(AUTO_MEMBERS)})")
     assert set(ModelFields.__dataclass_fields__) <= {a.dest for a in p._actions}
+
+
+def _prompt_cache_arg(p: argparse.ArgumentParser, default: int) -> None:
+    p.add_argument("--prompt-cache-mb", type=_count, default=default,
+                   help="MiB of finished prompts' KV kept (least recently used evicted) so that a later prompt "
+                        f"sharing a prefix with one prefills only the rest; 0: off (default {default})")
 
 
 def _members(text: str) -> tuple[str, ...]:
@@ -154,7 +156,8 @@ def _spec(a, **kw):
     from draftwise.build import EngineSpec, ModelFields
 
     fields = {f: getattr(a, f) for f in ModelFields.__dataclass_fields__}
-    drafting = {f: getattr(a, f) for f in ("drafter", "num_draft_tokens", "max_running") if hasattr(a, f)}
+    drafting = {f: getattr(a, f) for f in ("drafter", "num_draft_tokens", "max_running", "prompt_cache_mb")
+                if hasattr(a, f)}
     return EngineSpec(**fields, **{**drafting, **kw})
 
 
@@ -299,7 +302,7 @@ def cmd_verify(a) -> int:
         raise ValueError(f"workload {a.workload!r} has no prompts to check")
     # a llama.cpp runner with candidate trees holds one sequence: the engines take turns (release)
     spec, runner, tok = build_engine(_spec(a, max_running=1 if a.drafter == "suffix-tree" else 2),
-                                     reuse_prefix=True, prompt_cache_bytes=0, **sampler)
+                                     reuse_prefix=True, **sampler)
     plain = Engine(runner, tok, reuse_prefix=True, max_running=1)
     prompts = [p.token_ids(tok) for p in work]
     if a.temperature == 0:
@@ -318,6 +321,7 @@ def cmd_verify(a) -> int:
 
 def _bench_args(b: argparse.ArgumentParser) -> None:
     _model_args(b, drafting=False)
+    _prompt_cache_arg(b, 0)
     b.add_argument("--configs", nargs="+", default=["plain", "ngram:4", "model:4"],
                    help="plain, or DRAFTER:D with DRAFTER ngram | suffix | suffix-tree | model | head | auto and D an integer "
                    "or auto; a comma list of D sweeps it (ngram:2,4,8,auto)")
@@ -371,7 +375,7 @@ def cmd_bench(a) -> int:
     from draftwise.bench.report import check_text, conditions_text, format_table
 
     if not a.report_only:  # --report-only reads the run's stored conditions: nothing to configure
-        cfg = BenchConfig(**_spec(a).model_fields(),
+        cfg = BenchConfig(**_spec(a).model_fields(), prompt_cache_mb=a.prompt_cache_mb,
                           max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                           sample_seed=a.sample_seed, configs=tuple(a.configs), baseline=a.baseline or "plain",
                           workload=a.workload, n_per_category=a.n or None, seed=a.seed, both_turns=a.both_turns,
@@ -482,7 +486,8 @@ def cmd_serve(a) -> int:
 
 
 def _serve_args(s: argparse.ArgumentParser) -> None:
-    _model_args(s, prompt_cache_mb=1024)
+    _model_args(s)
+    _prompt_cache_arg(s, 1024)
     s.add_argument("--max-running", type=int, default=4, help="requests batched in one step")
     s.add_argument("--max-queue", type=int, default=64, help="waiting requests beyond which the answer is 429")
     s.add_argument("--spec-off-above", type=int, default=None, help="no speculation while more requests run")

@@ -66,7 +66,7 @@ def test_parse_configs_and_sweeps():
 
 @pytest.mark.parametrize("kw", [dict(concurrency=()), dict(concurrency=(1, 0)), dict(baseline="ngram:9"),
                                 dict(context_edges=(512, 256)), dict(temperature=-1.0), dict(max_tokens=0),
-                                dict(repeats=0), dict(endpoint_api="grpc")])
+                                dict(repeats=0), dict(endpoint_api="grpc"), dict(prompt_cache_mb=-1)])
 def test_bench_config_rejects_bad_settings(kw):
     with pytest.raises(ValueError):
         BenchConfig(**kw)
@@ -143,6 +143,20 @@ def test_run_writes_interleaved_records_and_conditions(tmp_path):
     assert r["emitted_tokens"] == 12 == len(r["token_ids"]) and r["bucket"] == "<8"
     assert r["ttft_s"] > 0 and r["e2e_s"] >= r["chunk_times_s"][-1] and r["rss_peak_bytes"] >= r["rss_start_bytes"]
     assert r["itl_s"] == pytest.approx(np.diff(r["chunk_times_s"]).tolist())
+
+
+def test_a_prompt_cache_serves_the_repeats_not_the_warm_up(tmp_path):
+    runner, tok = CycleRunner(), CharTokenizer()
+    engines = {"plain": Engine(runner, tok, prompt_cache_bytes=1 << 20),
+               "ngram:4": Engine(runner, tok, NgramDrafter(1, 3), 4, prompt_cache_bytes=1 << 20)}
+    path = run_bench(config(tmp_path, configs=("plain", "ngram:4"), repeats=2, prompt_cache_mb=1), engines=engines,
+                     tokenizer=tok, progress=False)
+    recs = requests(path)
+    # the first repeat prefills every prompt (p0 was the warm-up's, forgotten); the second reuses each
+    assert [r["stats"]["cached_tokens"] for r in recs if r["repeat"] == 0] == [0] * 8
+    assert [r["stats"]["cached_tokens"] for r in recs if r["repeat"] == 1] == [len(TEXTS[int(r["prompt_id"][1])])
+                                                                                for r in recs if r["repeat"] == 1]
+    assert json.loads(open(path).readline())["conditions"]["prompt_cache_mb"] == 1
 
 
 class Interrupt:

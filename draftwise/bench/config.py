@@ -74,6 +74,7 @@ class BenchConfig(ModelFields):
     repeats: int = 1
     warmup: int = 1  # unmeasured requests per configuration before the first measured one
     concurrency: tuple[int, ...] = (1,)
+    prompt_cache_mb: int = 0  # each in-process configuration's prompt cache (0: off; EngineSpec)
     margins: bool = True  # at temperature 0, the target's top-2 margin at each divergence
     out_dir: str = "results/bench"
     # servers: label -> base URL; then configs are those labels and baseline the first unless named
@@ -92,6 +93,8 @@ class BenchConfig(ModelFields):
                 raise ValueError(f"{k} must be >= 1, got {v}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.prompt_cache_mb < 0:
+            raise ValueError(f"prompt_cache_mb must be >= 0, got {self.prompt_cache_mb}")
         self.check_models()
         if self.n_per_category is not None and self.n_per_category < 1:
             raise ValueError(f"n_per_category must be >= 1, got {self.n_per_category}")
@@ -118,6 +121,7 @@ class BenchConfig(ModelFields):
         drafting = any(c.drafter != "none" for c in self.run_configs())  # one target serves every configuration
         return EngineSpec(**{**self.model_fields(), "kernels": resolve_kernels(self.kernels, drafting)},
                           drafter=drafter, num_draft_tokens=num_draft_tokens, max_running=max(self.concurrency),
+                          prompt_cache_mb=self.prompt_cache_mb,
                           trees=any(c.drafter == "suffix-tree" for c in self.run_configs()))
 
     def run_configs(self) -> list[RunConfig]:
