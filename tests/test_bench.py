@@ -143,6 +143,7 @@ def test_run_writes_interleaved_records_and_conditions(tmp_path):
     assert r["emitted_tokens"] == 12 == len(r["token_ids"]) and r["bucket"] == "<8"
     assert r["ttft_s"] > 0 and r["e2e_s"] >= r["chunk_times_s"][-1] and r["rss_peak_bytes"] >= r["rss_start_bytes"]
     assert r["itl_s"] == pytest.approx(np.diff(r["chunk_times_s"]).tolist())
+    assert all(0 <= r["queue_s"] < 0.1 for r in recs)  # a group's requests arrive as it starts
 
 
 def test_a_prompt_cache_serves_the_repeats_not_the_warm_up(tmp_path):

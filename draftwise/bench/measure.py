@@ -135,8 +135,8 @@ class EngineTarget:
         self.kv = self.dkv = 0
         self.probe_s = 0.0
         recs = [_Record(self) for _ in requests]
+        t_group = time.perf_counter()  # before the requests arrive (their t0): queue_s >= 0
         reqs = [self.engine.request(ids, rec.deliver, **kw) for (_, ids, kw), rec in zip(requests, recs)]
-        t_group = time.perf_counter()
         with RssSampler() as rss:
             self.engine.run_batch(reqs)
         d = self.engine.drafter
