@@ -58,6 +58,13 @@ def test_bodies_that_do_not_parse(srv, body, words):
     assert words in err["message"]
 
 
+def test_a_body_that_is_not_a_json_object_is_named(srv):
+    assert "got an array" in openai_error(raw(srv, b'["abc"]'), 400, None)["message"]
+    assert "got a string" in openai_error(raw(srv, b'"abc"', "/v1/chat/completions"), 400, None)["message"]
+    plain = srv.post("/v1/completions", content=b'{"model": "toy", "prompt": "abc"}', headers={"Content-Type": "text/plain"})
+    assert "Content-Type: application/json, got text/plain" in openai_error(plain, 400, None)["message"]
+
+
 def test_deep_json_within_the_size_limit(srv):
     openai_error(raw(srv, b'{"model": "toy", "prompt": ' + b"[" * 500 + b"]" * 500 + b"}"), 400, "prompt")
 

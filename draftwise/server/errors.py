@@ -53,6 +53,12 @@ def install(app: FastAPI, reject: Callable[[str], None]) -> None:
             err = errs[0]
             return error_response(400, f"the body is not valid JSON: {err.get('ctx', {}).get('error', '')} "
                                        f"at character {err['loc'][-1]}")
+        if errs and tuple(errs[0]["loc"]) == ("body",):  # not an object: say what was sent instead
+            kind = request.headers.get("content-type", "").split(";")[0].strip()
+            if kind != "application/json":
+                return error_response(400, "the body must be a JSON object sent with Content-Type: "
+                                           f"application/json, got {kind or 'no Content-Type'}")
+            return error_response(400, f"the body must be a JSON object, got {_json_kind(errs[0].get('input'))}")
         msg = "; ".join(f"{'.'.join(str(x) for x in er['loc'][1:]) or 'body'}: {er['msg']}" for er in errs[:3])
         return error_response(400, msg or "invalid request", _param(errs))
 
@@ -67,6 +73,11 @@ def install(app: FastAPI, reject: Callable[[str], None]) -> None:
     async def _bug(request, e: Exception):
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=e)
         return error_response(500, f"internal server error ({type(e).__name__})")
+
+
+def _json_kind(value) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number",
+            type(None): "null"}.get(type(value), "no object")
 
 
 def _param(errs: list[dict]) -> str | None:
