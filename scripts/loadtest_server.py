@@ -7,7 +7,9 @@ resident memory after the run is within 5% of after warm-up. Half the requests s
     .venv/bin/python scripts/loadtest_server.py [--requests 500] [--concurrency 16] [--max-tokens 32]
 
 With the suffix drafter it also reports the size of its shared trie (`draftwise:drafter_shared_nodes`)
-at its peak during the run and after it, against the cap (`--suffix-max-nodes`).
+at its peak during the run and after it, against the cap (`--suffix-max-nodes`), and always the
+prompt cache's size and its looked-up and reused prompt tokens (serve's default cache unless
+--serve-args sets --prompt-cache-mb).
 """
 from __future__ import annotations
 
@@ -133,6 +135,10 @@ def main() -> int:
         nodes.done.set()
         rss_after = ps.memory_info().rss
         shared = {"peak": nodes.peak, "after_run": metric(port, "draftwise:drafter_shared_nodes")}
+        cache = {k: metric(port, m) for k, m in (("bytes", "draftwise:prompt_cache_bytes"),
+                                                  ("entries", "draftwise:prompt_cache_entries"),
+                                                  ("queried_tokens", "vllm:prefix_cache_queries_total"),
+                                                  ("hit_tokens", "vllm:prefix_cache_hits_total"))}
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         c.request("GET", "/health")
         health = json.loads(c.getresponse().read())
@@ -143,7 +149,7 @@ def main() -> int:
     out = {"command": " ".join(cmd[1:]), "warmup": warm, "load": load, "concurrency": a.concurrency,
            "max_tokens": a.max_tokens, "rss_after_warmup_mb": round(rss_warm / 2**20, 1),
            "rss_after_run_mb": round(rss_after / 2**20, 1), "rss_growth": round(growth, 4),
-           "idle_after_run": health, "drafter_shared_nodes": shared, "pass": load["failed"] == 0 and abs(growth) <= 0.05}
+           "idle_after_run": health, "drafter_shared_nodes": shared, "prompt_cache": cache, "pass": load["failed"] == 0 and abs(growth) <= 0.05}
     print(json.dumps(out, indent=1))
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
