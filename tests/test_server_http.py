@@ -65,6 +65,13 @@ def test_a_body_that_is_not_a_json_object_is_named(srv):
     assert "Content-Type: application/json, got text/plain" in openai_error(plain, 400, None)["message"]
 
 
+def test_a_field_of_the_wrong_type_says_what_it_takes_without_pydantic_names(srv):
+    err = openai_error(srv.post("/v1/completions", json={"model": MODEL, "prompt": "ab", "stop": 3}), 400, "stop")
+    assert err["message"] == "stop: expected a string or a list, got a number"
+    chat = srv.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": 3}]})
+    assert openai_error(chat, 400, "messages")["message"] == "messages.0.content: expected a string or a list, got a number"
+
+
 def test_deep_json_within_the_size_limit(srv):
     openai_error(raw(srv, b'{"model": "toy", "prompt": ' + b"[" * 500 + b"]" * 500 + b"}"), 400, "prompt")
 

@@ -59,8 +59,7 @@ def install(app: FastAPI, reject: Callable[[str], None]) -> None:
                 return error_response(400, "the body must be a JSON object sent with Content-Type: "
                                            f"application/json, got {kind or 'no Content-Type'}")
             return error_response(400, f"the body must be a JSON object, got {_json_kind(errs[0].get('input'))}")
-        msg = "; ".join(f"{'.'.join(str(x) for x in er['loc'][1:]) or 'body'}: {er['msg']}" for er in errs[:3])
-        return error_response(400, msg or "invalid request", _param(errs))
+        return error_response(400, _message(errs) or "invalid request", _param(errs))
 
     @app.exception_handler(HTTPException)
     async def _http(request, e: HTTPException):
@@ -73,6 +72,36 @@ def install(app: FastAPI, reject: Callable[[str], None]) -> None:
     async def _bug(request, e: Exception):
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=e)
         return error_response(500, f"internal server error ({type(e).__name__})")
+
+
+# what a union member wanted, by pydantic's error type: "stop: expected a string or a list"
+_WANTS = {"string_type": "a string", "list_type": "a list", "int_type": "an integer", "int_parsing": "an integer",
+          "float_type": "a number", "float_parsing": "a number", "bool_type": "a boolean", "bool_parsing": "a boolean",
+          "dict_type": "an object", "model_type": "an object", "model_attributes_type": "an object"}
+
+
+def _message(errs: list[dict]) -> str:
+    """The errors per field, the field's path without pydantic's union-member tags; a field whose
+    union members all refused its type gets one "expected A or B"."""
+    by_field: dict[str, list[dict]] = {}
+    for er in errs:
+        path = ".".join(str(x) for x in er["loc"][1:] if not _member_tag(x)) or "body"
+        by_field.setdefault(path, []).append(er)
+    parts = []
+    for path, es in list(by_field.items())[:3]:
+        wants = list(dict.fromkeys(_WANTS.get(e["type"]) for e in es))
+        if len(es) > 1 and None not in wants:
+            got = _json_kind(es[0].get("input"))
+            parts.append(f"{path}: expected {' or '.join(wants)}" + (f", got {got}" if got != "no object" else ""))
+        else:
+            parts.append("; ".join(f"{path}: {e['msg']}" for e in es))
+    return "; ".join(parts)
+
+
+def _member_tag(x) -> bool:
+    """pydantic's name for the union member an error is about (str, list[str], function-after[...],
+    constrained-int): never a field name."""
+    return isinstance(x, str) and ("[" in x or "-" in x or x in ("str", "int", "float", "bool", "list", "dict"))
 
 
 def _json_kind(value) -> str:
