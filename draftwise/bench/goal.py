@@ -22,7 +22,7 @@ METRICS = _LATENCIES + ("tokens_per_s", "ms_per_token", "speedup", "acceptance_r
 _OPS = {"<=": "≤", ">=": "≥", "<": "<", ">": ">"}
 _MISSED = {"<=": ">", ">=": "<", "<": "≥", ">": "≤"}  # the operator that holds when the condition does not
 _ALIASES = {"≤": "<=", "≥": ">="}
-_PART = re.compile(r"\s*([A-Za-z0-9_]+)\s*(<=|>=|≤|≥|<|>)\s*(\S+)\s*")
+_PART = re.compile(r"\s*([A-Za-z0-9_]+)\s*(<=|>=|≤|≥|<|>)\s*(\S*)\s*")  # an empty value is named below
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +72,8 @@ def parse_goal(text: str) -> tuple[Condition, ...]:
             number = float(value)
         except ValueError:
             number = math.nan
+        if not value:
+            raise ValueError(f"goal part {part.strip()!r}: no value after {op!r}")
         if not math.isfinite(number):
             raise ValueError(f"goal part {part.strip()!r}: {value!r} is not a finite number")
         out.append(Condition(metric, _ALIASES.get(op, op), number))
