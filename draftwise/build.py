@@ -115,6 +115,10 @@ class EngineSpec(ModelFields):
             raise ValueError(f"device {self.device!r}: the llama.cpp backend runs on the CPU only (use --backend torch)")
         self.kernels = resolve_kernels(self.kernels, self.drafter != "none")
 
+    @property
+    def prompt_cache_bytes(self) -> int:
+        return self.prompt_cache_mb << 20
+
 
 def check_vocabularies(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
     """Refuse a draft whose token list differs from the target's (by content, not size)."""
@@ -248,7 +252,7 @@ def build_engine(spec: EngineSpec, target=None, **engine_kw):
     drafter = load_drafter(spec, tok, target=runner)
     policy = make_policy(spec.num_draft_tokens, runner, drafter)
     return Engine(runner, tok, drafter, spec.num_draft_tokens, policy=policy, max_running=spec.max_running,
-                  **{"prompt_cache_bytes": spec.prompt_cache_mb << 20, **engine_kw}), runner, tok
+                  **{"prompt_cache_bytes": spec.prompt_cache_bytes, **engine_kw}), runner, tok
 
 
 def build_scheduler(spec: EngineSpec, observer=None, max_queue: int = 64, spec_off_above: int | None = None,
@@ -260,7 +264,7 @@ def build_scheduler(spec: EngineSpec, observer=None, max_queue: int = 64, spec_o
     sizes = tuple(b for b in (1, 2, 4, 8, 16, 32) if b < spec.max_running) + (spec.max_running,)
     policy = make_policy(spec.num_draft_tokens, runner, drafter, batch_sizes=sizes, off_above=spec_off_above)
     return Scheduler(runner, tok, drafter, policy, spec.max_running, max_queue, observer=observer,
-                     **{"prompt_cache_bytes": spec.prompt_cache_mb << 20, **scheduler_kw}), tok
+                     **{"prompt_cache_bytes": spec.prompt_cache_bytes, **scheduler_kw}), tok
 
 
 def _backend_kw(backend: str, spec: EngineSpec, draft: bool = False, kernels: str | None = None) -> dict:

@@ -344,14 +344,13 @@ class Scheduler:
             if p.ids == prompt_ids:  # the drafter rolls itself back to the prompt on its next propose
                 return p.seq, p.key, len(p.ids), p.logits.clone()
             self._free_seq(p.seq, p.key)
-        seq = self.target.new_sequence()
-        self._held.add(seq)
+        seq, key = self._new_seq(), next(self._keys)
         if self.prompt_cache is None or private:
-            return seq, next(self._keys), 0, None
+            return seq, key, 0, None
         hit = self.prompt_cache.lookup(prompt_ids)
         self.observer.cache(len(prompt_ids), 0 if hit is None else hit.reuse)
         if hit is None:
-            return seq, next(self._keys), 0, None
+            return seq, key, 0, None
         try:
             self.target.restore(seq, hit.state)
             self.target.truncate(seq, hit.reuse)
@@ -360,10 +359,13 @@ class Scheduler:
             self.prompt_cache.discard(hit.ids)
             self._held.discard(seq)
             self.target.free(seq)
-            seq = self.target.new_sequence()
-            self._held.add(seq)
-            return seq, next(self._keys), 0, None
-        return seq, next(self._keys), hit.reuse, hit.logits
+            return self._new_seq(), key, 0, None
+        return seq, key, hit.reuse, hit.logits
+
+    def _new_seq(self) -> int:
+        seq = self.target.new_sequence()
+        self._held.add(seq)
+        return seq
 
     def _prefill(self, req: Request) -> None:
         try:

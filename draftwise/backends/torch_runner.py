@@ -139,9 +139,7 @@ class TorchRunner:
         """A copy of the sequence's cache (on the KV's device). Its tensors may be views of longer
         ones (`crop` slices), so each is copied compactly rather than with its whole storage."""
         src = self._caches[seq_id]
-        memo = {id(t): t.clone(memory_format=torch.contiguous_format) for layer in src.layers
-                for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor)}
-        cache = copy.deepcopy(src, memo)
+        cache = copy.deepcopy(src, {id(t): t.clone(memory_format=torch.contiguous_format) for t in _kv_tensors(src)})
         return KVState(cache.get_seq_length(), _cache_bytes(cache), cache)
 
     def restore(self, seq_id: int, state: KVState) -> None:
@@ -153,10 +151,12 @@ class TorchRunner:
         return sum(_cache_bytes(c) for c in self._caches.values())
 
 
-def _cache_bytes(cache: DynamicCache) -> int:
-    total = 0
+def _kv_tensors(cache: DynamicCache):
     for layer in cache.layers:
         for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
             if isinstance(t, torch.Tensor):
-                total += t.numel() * t.element_size()
-    return total
+                yield t
+
+
+def _cache_bytes(cache: DynamicCache) -> int:
+    return sum(t.numel() * t.element_size() for t in _kv_tensors(cache))

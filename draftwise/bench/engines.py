@@ -47,7 +47,7 @@ def build_engines(cfg: BenchConfig) -> dict[str, Engine]:
         drafter = load_drafter(spec, tok, c.drafter, shared.get(c.drafter), target=runner, shared=shared)
         policy = make_policy(c.num_draft_tokens, runner, drafter, batch_sizes=_batch_sizes(cfg))
         out[c.name] = Engine(runner, tok, drafter, c.num_draft_tokens, policy=policy,
-                             max_running=spec.max_running, prompt_cache_bytes=spec.prompt_cache_mb << 20)
+                             max_running=spec.max_running, prompt_cache_bytes=spec.prompt_cache_bytes)
     return out
 
 
