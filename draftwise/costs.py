@@ -32,6 +32,7 @@ class CostCurve:
         self._s = {b: np.asarray(ms[b], dtype=np.float64) / 1e3 for b in self._b}
         self.prefill = None if prefill is None else (int(prefill[0]), prefill[1] / 1e3)
         self.scale = 1.0  # online correction of the whole curve: measured / predicted, as an EMA
+        self.multi: float | None = None  # the same over forwards of k > 1 alone (None: none measured yet)
         self.ragged = 1.0  # the same for steps run as several forwards, over their scaled prediction
         self._k_scale: dict[tuple[int, int], float] = {}  # the same per (k, b) observed: the shape too
         self._raw: dict[tuple[int, int], float] = {}
@@ -88,7 +89,14 @@ class CostCurve:
         return max(t_lo + (t_hi - t_lo) * (b - lo) / (hi - lo), 1e-9)
 
     def __call__(self, k: int, b: int = 1) -> float:
-        return self.raw(k, b) * self._k_scale.get((k, b), self.scale)
+        return self.raw(k, b) * self._k_scale.get((k, b), self._whole(k))
+
+    def _whole(self, k: int) -> float:
+        """The correction of a point not observed on its own: for k > 1 the multi-token forwards'
+        (the profile's shape is off for them alike: at prompts of 600+ tokens a llama.cpp engine's
+        rounds ran ~1.18x their points, measured at a 256-token context, while its plain steps ran
+        1.01x; docs/planner.md), else the whole curve's, which plain steps dominate."""
+        return self.scale if k == 1 or self.multi is None else self.multi
 
     def parts(self, parts: list[tuple[int, int]], n_seqs: int | None = None) -> float:
         """Seconds of a batched forward of `n_seqs` sequences that the runner runs as these (k, b)
@@ -152,8 +160,11 @@ class CostCurve:
         ratio = seconds / sum(self.raw(k, b) for k, b in parts)
         self.scale += EMA * (min(max(ratio, self.scale / 2), 2 * self.scale) - self.scale)
         key = parts[0]
-        s = self._k_scale.get(key, self.scale)  # one stall moves a point by at most EMA x its value:
+        if key[0] > 1:
+            m = self.scale if self.multi is None else self.multi
+            self.multi = m + EMA * (min(max(ratio, m / 2), 2 * m) - m)
+        s = self._k_scale.get(key, self._whole(key[0]))  # one stall moves a point by at most EMA x its value:
         self._k_scale[key] = s + EMA * (min(max(ratio, s / 2), 2 * s) - s)
-        for other, t in self._k_scale.items():  # and points no longer observed drift back to the
-            if other != key:  # whole curve, so a point the planner stopped using cannot stay stale
-                self._k_scale[other] = t + DRIFT * (self.scale - t)
+        for other, t in self._k_scale.items():  # and points no longer observed drift back to their
+            if other != key:  # kind's whole, so a point the planner stopped using cannot stay stale
+                self._k_scale[other] = t + DRIFT * (self._whole(other[0]) - t)

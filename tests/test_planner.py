@@ -127,6 +127,21 @@ def test_online_update_rescales_curve_and_tracks_overhead():
     assert frozen.verify(5) == frozen.verify.raw(5) and frozen.overhead_s == 0.0
 
 
+def test_multi_token_forwards_keep_their_correction_among_many_plain_steps():
+    # a running engine whose plain steps run at the profile and whose rounds, of any k, run 1.2x it
+    # (the profile measured at a shorter context): ten plain steps per round, each round's k new
+    c = CostCurve({1: [10.0 + 2.0 * k for k in range(17)]})
+    for i in range(300):
+        for _ in range(10):
+            c.observe(1, 1, c.raw(1))
+        k = 2 + i % 15
+        c.observe(k, 1, 1.2 * c.raw(k))
+    assert c.scale < 1.03  # the whole curve is what plain steps say
+    assert c(1) == pytest.approx(c.raw(1), rel=0.01)
+    for k in (2, 9, 16, 17, 30):  # every multi-token point, observed a while ago or never, says 1.2x
+        assert c(k) / c.raw(k) == pytest.approx(1.2, rel=0.02)
+
+
 def test_draft_model_catch_up_counts_against_remaining_output():
     draft = curve(per_token_ms=1.0, first_ms=2.0)  # a catch-up of 200 tokens costs ~200 ms
     pl = planner(per_token_ms=0.5, prior=0.9, draft=draft, look_first=0)
