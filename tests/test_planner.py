@@ -121,7 +121,7 @@ def test_online_update_rescales_curve_and_tracks_overhead():
     assert pl.verify(5) == pytest.approx(2 * pl.verify.raw(5), rel=0.03)
     pl.observe_times(2, 1, 50 * pl.verify.raw(2), d=1, behind=1, draft_s=0.002, overhead_s=0.003)
     assert pl.verify(2) < 1.15 * pl.verify.raw(2)  # one stall (50x) moves a point by 10% at most
-    assert 1.3 < pl.verify(9) / pl.verify.raw(9) < 1.7  # a k never observed follows the whole curve
+    assert 1.3 < pl.verify(9) / pl.verify.raw(9) < 1.7  # a k never observed follows the multi-token forwards
     frozen = planner(per_token_ms=1.0, prior=0.6, online=False)
     frozen.observe_times(5, 1, 1.0, d=4, behind=1, draft_s=1.0, overhead_s=1.0)
     assert frozen.verify(5) == frozen.verify.raw(5) and frozen.overhead_s == 0.0
