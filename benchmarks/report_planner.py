@@ -32,6 +32,9 @@ that ends earlier or later at a near-tie moves it more than the drafting does.
 
     .venv/bin/python benchmarks/report_planner.py results/suffix_rag_llama --decode
 
+`--costs` prints, per configuration and prompt length, the measured over the planner's predicted
+seconds of its rounds and of its plain steps (`plans`): how well the cost curve priced them.
+
 `--members` prints, per category, what `--drafter auto` (configurations `auto:*`) chose: its
 drafted rounds and how many each member drafted, and its prompt catch-ups: the requests whose
 member with a model (draft model, head) drafted at all, each first reading the whole prompt and
@@ -203,6 +206,28 @@ def decode_only(run: str) -> None:
               f"| {share:.2f} | {e2e:.3f} | {ci} |")
 
 
+def round_costs(run: str) -> None:
+    """The planner's predicted seconds against the measured, summed per configuration and prompt
+    length, for rounds (a draft verified) and plain steps apart: where the cost curve prices
+    rounds low (its profile is measured at a 256-token context), the ratio grows with the prompt."""
+    by = defaultdict(lambda: [0, 0.0, 0.0])  # (config, length, round?) -> [steps, predicted, measured]
+    for r in _requests(run):
+        n = r["prompt_tokens"]
+        size = "< 300" if n < 300 else "300-599" if n < 600 else ">= 600"
+        for p in map(PlanStep._make, r.get("plans") or []):
+            if p.behind == 0:  # a draft model's catch-up is priced on its own curve
+                got = by[r["config"], size, p.proposed > 0]
+                got[0] += 1
+                got[1] += p.predicted_ms
+                got[2] += p.measured_ms
+    print("| config | prompt tokens | rounds: n, measured / predicted | plain steps: n, measured / predicted |\n"
+          "|---|---|---|---|")
+    sizes = ["< 300", "300-599", ">= 600"]
+    for config, size in sorted({k[:2] for k in by}, key=lambda k: (k[0], sizes.index(k[1]))):
+        cells = [f"{n}, {m / pr:.3f}" if n else "-" for n, pr, m in (by[config, size, x] for x in (True, False))]
+        print(f"| {config} | {size} | {cells[0]} | {cells[1]} |")
+
+
 def members(run: str) -> None:
     """`--drafter auto`'s rounds per member and prompt catch-ups, per category (from `plans`)."""
     by = defaultdict(list)  # (config, category) -> each request's drafted rounds
@@ -231,9 +256,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--decode", action="store_true",
                     help="speedups on the outputs identical to plain, end to end and after the first token")
     ap.add_argument("--members", action="store_true", help="--drafter auto's rounds per member and prompt catch-ups")
+    ap.add_argument("--costs", action="store_true", help="measured over predicted seconds of rounds and plain steps")
     a = ap.parse_args(argv)
     if a.members:
         members(a.run)
+    elif a.costs:
+        round_costs(a.run)
     elif a.decode:
         decode_only(a.run)
     else:

@@ -149,6 +149,19 @@ def test_report_planner_members_counts_auto_rounds_and_prompt_catch_ups(monkeypa
                          "| auto:auto | rag | 2 | 4 | model 2, suffix 2 | 1 | 2.5–2.5 |"]
 
 
+def test_report_planner_costs_by_prompt_length(monkeypatch, capsys):
+    report = driver("report_planner")
+    # plans rows: [d, proposed, behind, predicted ms, measured ms, draft ms, member]; a catch-up left out
+    short = [[0, 0, 0, 10, 10, 0, None], [3, 3, 0, 20, 22, 0, None], [0, 0, 0, 10, 12, 0, None]]
+    long = [[2, 2, 0, 40, 60, 0, None], [2, 2, 300, 2000, 9000, 5, None], [0, 0, 0, 10, 10, 0, None]]
+    reqs = [{"config": "suffix:auto", "prompt_tokens": n, "plans": p} for n, p in ((100, short), (700, long))]
+    monkeypatch.setattr(report, "_requests", lambda path: reqs)
+    report.main(["run", "--costs"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:] == ["| suffix:auto | < 300 | 1, 1.100 | 2, 1.100 |",
+                         "| suffix:auto | >= 600 | 1, 1.500 | 1, 1.000 |"]
+
+
 def test_trace_agreement_and_replay(planner_run, profiles, tmp_path, capsys):
     traces = tmp_path / "traces.jsonl"
     driver("trace_agreement").write_traces(str(planner_run), str(traces), CycleRunner(), CycleRunner(),
