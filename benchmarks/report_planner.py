@@ -210,10 +210,10 @@ def round_costs(run: str) -> None:
     """The planner's predicted seconds against the measured, summed per configuration and prompt
     length, for rounds (a draft verified) and plain steps apart: where the cost curve prices
     rounds low (its profile is measured at a 256-token context), the ratio grows with the prompt."""
+    sizes = ("< 300", "300-599", ">= 600")
     by = defaultdict(lambda: [0, 0.0, 0.0])  # (config, length, round?) -> [steps, predicted, measured]
     for r in _requests(run):
-        n = r["prompt_tokens"]
-        size = "< 300" if n < 300 else "300-599" if n < 600 else ">= 600"
+        size = sizes[(r["prompt_tokens"] >= 300) + (r["prompt_tokens"] >= 600)]
         for p in map(PlanStep._make, r.get("plans") or []):
             if p.behind == 0:  # a draft model's catch-up is priced on its own curve
                 got = by[r["config"], size, p.proposed > 0]
@@ -222,7 +222,6 @@ def round_costs(run: str) -> None:
                 got[2] += p.measured_ms
     print("| config | prompt tokens | rounds: n, measured / predicted | plain steps: n, measured / predicted |\n"
           "|---|---|---|---|")
-    sizes = ["< 300", "300-599", ">= 600"]
     for config, size in sorted({k[:2] for k in by}, key=lambda k: (k[0], sizes.index(k[1]))):
         cells = [f"{n}, {m / pr:.3f}" if n else "-" for n, pr, m in (by[config, size, x] for x in (True, False))]
         print(f"| {config} | {size} | {cells[0]} | {cells[1]} |")

@@ -12,6 +12,12 @@ DRIFT = 0.005  # per observation elsewhere on the curve, how far an unobserved p
 MEASURE = 2  # plain steps measured at a batch size before any request drafts at it (Planner.plan)
 
 
+def _toward(x: float, v: float) -> float:
+    """One EMA step of x toward v, v clamped to [x / 2, 2 x]: one stall moves an estimate by at
+    most EMA x its value."""
+    return x + EMA * (min(max(v, x / 2), 2 * x) - x)
+
+
 def is_plain(parts: list[tuple[int, int]], n_seqs: int) -> bool:
     """Do these (k, b) forwards of a step of n_seqs sequences feed one token per sequence?"""
     return sum(k * b for k, b in parts) == n_seqs
@@ -93,9 +99,9 @@ class CostCurve:
 
     def _whole(self, k: int) -> float:
         """The correction of a point not observed on its own: for k > 1 the multi-token forwards'
-        (the profile's shape is off for them alike: at prompts of 600+ tokens a llama.cpp engine's
-        rounds ran ~1.18x their points, measured at a 256-token context, while its plain steps ran
-        1.01x; docs/planner.md), else the whole curve's, which plain steps dominate."""
+        (the profile, measured at a 256-token context, is off for them alike, as a k-token forward's
+        attention grows with the context: docs/planner.md), else the whole curve's, which plain
+        steps dominate."""
         return self.scale if k == 1 or self.multi is None else self.multi
 
     def parts(self, parts: list[tuple[int, int]], n_seqs: int | None = None) -> float:
@@ -141,7 +147,7 @@ class CostCurve:
         if is_plain(parts, n):
             got = self._plain.setdefault(n, [seconds, 0])
             s = got[0]
-            got[0] = min(s, seconds) if got[1] < MEASURE else s + EMA * (min(max(seconds, s / 2), 2 * s) - s)
+            got[0] = min(s, seconds) if got[1] < MEASURE else _toward(s, seconds)
             got[1] += 1
         self.observe_parts(parts, seconds)
 
@@ -155,16 +161,15 @@ class CostCurve:
         (docs/planner.md, "Batches")."""
         if len(parts) > 1:
             ratio = seconds / self._parts_s(parts)
-            self.ragged += EMA * (min(max(ratio, self.ragged / 2), 2 * self.ragged) - self.ragged)
+            self.ragged = _toward(self.ragged, ratio)
             return
         ratio = seconds / sum(self.raw(k, b) for k, b in parts)
-        self.scale += EMA * (min(max(ratio, self.scale / 2), 2 * self.scale) - self.scale)
+        self.scale = _toward(self.scale, ratio)
         key = parts[0]
         if key[0] > 1:
-            m = self.scale if self.multi is None else self.multi
-            self.multi = m + EMA * (min(max(ratio, m / 2), 2 * m) - m)
-        s = self._k_scale.get(key, self._whole(key[0]))  # one stall moves a point by at most EMA x its value:
-        self._k_scale[key] = s + EMA * (min(max(ratio, s / 2), 2 * s) - s)
-        for other, t in self._k_scale.items():  # and points no longer observed drift back to their
-            if other != key:  # kind's whole, so a point the planner stopped using cannot stay stale
-                self._k_scale[other] = t + DRIFT * (self._whole(other[0]) - t)
+            self.multi = _toward(self._whole(key[0]), ratio)
+        self._k_scale[key] = _toward(self._k_scale.get(key, self._whole(key[0])), ratio)
+        one, many = self._whole(1), self._whole(2)
+        for other, t in self._k_scale.items():  # points no longer observed drift back to their kind's
+            if other != key:  # whole, so a point the planner stopped using cannot stay stale
+                self._k_scale[other] = t + DRIFT * ((one if other[0] == 1 else many) - t)
