@@ -399,6 +399,9 @@ def cmd_bench(a) -> int:
     print(conditions_text(summary))
     print(format_table(summary))
     print(f"results {Path(a.out) / 'requests.jsonl'}; summary {json_path}, {csv_path}; report {html_path}")
+    from draftwise.extras import warn_no_plots
+
+    warn_no_plots("bench")  # the report is written without plots when matplotlib is missing: say so, once
     return 0
 
 
@@ -422,6 +425,9 @@ def cmd_plan(a) -> int:
                   {"target": a.target, "workload": a.workload, "n_per_category": a.n or None, "seed": a.seed,
                    "max_tokens": a.max_tokens, "pilot_tokens": a.pilot_tokens}, out, a.port,
                   a.max_context or 2048, not a.no_measure, floor=a.category_floor)
+        from draftwise.extras import warn_no_plots
+
+        warn_no_plots("plan")  # its bench reports, as bench's
         return 0
     if a.endpoint:
         return _plan_endpoint(a, out)
@@ -458,6 +464,9 @@ def _plan_endpoint(a, out) -> int:
 
 
 def cmd_serve(a) -> int:
+    from draftwise.extras import require
+
+    require("serve", "server")  # before anything is loaded: one line naming the extra, not a traceback
     from draftwise.server import ServeConfig, serve
     from draftwise.server.auth import ENV, is_loopback, load_keys
 
@@ -630,6 +639,14 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         return a.fn(a)
+    except ImportError as e:  # an optional package missing (draftwise/extras.py): the extra to install, one line
+        from draftwise.extras import message
+
+        line = message(a.cmd, e)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
+        return 2
     except (ValueError, OSError) as e:  # bad input, a path that cannot be read or written: one clear line
         print(f"draftwise: error: {e}", file=sys.stderr)
         return 2
