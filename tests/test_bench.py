@@ -1,6 +1,8 @@
 """The benchmark harness on a toy runner: configuration parsing, interleaved order, resuming,
 percentiles and bootstrap intervals, the output check, summaries and the report."""
+import html
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -8,14 +10,14 @@ import pytest
 
 from draftwise import prompts
 from draftwise.bench import BenchConfig, load_prompts, run_bench, summarise, write_report
-from draftwise.bench.check import find_mismatches
+from draftwise.bench.check import Mismatch, find_mismatches
 from draftwise.bench.config import RunConfig, context_bucket, parse_configs
 from draftwise.bench.measure import timing_fields
 from draftwise.bench.plots import break_even, draft_length
-from draftwise.bench.report import format_table
+from draftwise.bench.report import check_text, format_table
 from draftwise.bench.results import REQUESTS, Results
 from draftwise.bench.run import plan
-from draftwise.bench.summary import Latency, bootstrap_ratio, in_noise, percentile
+from draftwise.bench.summary import Latency, Summary, bootstrap_ratio, in_noise, percentile
 from draftwise.drafters.base import Proposal
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
@@ -416,7 +418,7 @@ class AcceptAll(Engine):
     scheduler_class = AcceptAllScheduler
 
 
-def test_mismatches_are_counted_and_shown_first(tmp_path):
+def test_mismatches_are_counted_and_summarised(tmp_path):
     eng = fake_engines(extra={"ngram:2": lambda r, t: AcceptAll(r, t, SevenDrafter(), 2)})
     path = run_bench(config(tmp_path), engines=eng, tokenizer=CharTokenizer(), progress=False)
     s = summarise(path)
@@ -426,9 +428,23 @@ def test_mismatches_are_counted_and_shown_first(tmp_path):
     assert (m.unit, m.position, m.other) == ("token", 1, 7)  # the first token comes from prefill
     assert m.margin_single == pytest.approx(8.0) and m.margin_batched == pytest.approx(8.0)  # CycleRunner's
     assert {r.config: r.mismatches for r in s.rows if r.scope == "all"} == {"plain": 0, "ngram:2": 4, "ngram:4": 0}
+    line = "output check: 4 of 8 outputs DIFFER from the baseline (plain): 0 at near-ties (top-2 margin ≤ 0.5), " \
+        "4 with a larger margin; largest margin 8"
+    assert check_text(s) == line
     page = write_report(s, tmp_path / "report.html").read_text()
-    assert page.index("Output check") < page.index("<h2>Results")
-    assert "4 of 8 outputs DIFFER" in page
+    assert page.index("<h2>Speedup") < page.index("Output check") < page.index("<h2>Results")
+    assert html.escape(line) in page and '<p class="bad">' in page  # a margin of 8 is no near-tie: a bug
+    assert "<details id=\"divergences\"><summary>The 4 divergences" in page  # closed: no `open`
+    assert "<tr><td>ngram:2</td><td>1</td><td>4</td><td>0</td><td>4</td><td>0</td><td>8</td></tr>" in page
+
+
+def test_near_ties_are_judged_by_the_smaller_margin():
+    def m(single, batched):
+        return Mismatch("p", "c", 0, 1, "token", 3, 1, 2, "k", "r", single, batched)
+
+    s = Summary({}, {}, [], "plain", 10, [m(0.1, 0.3), m(0.9, 0.2), m(0.7, None), m(None, None)], [])
+    assert check_text(s) == ("output check: 4 of 10 outputs DIFFER from the baseline (plain): 2 at near-ties "
+                             "(top-2 margin ≤ 0.5), 1 with a larger margin, 1 without a margin; largest margin 0.7")
 
 
 def test_baseline_nondeterminism_is_a_mismatch_too():
@@ -468,8 +484,29 @@ def test_report_embeds_plots(tmp_path):
     path = run_bench(config(tmp_path, concurrency=(1, 2)), engines=fake_engines(), tokenizer=CharTokenizer(),
                      progress=False)
     page = write_report(summarise(path), tmp_path / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 5  # speedup vs D, CDFs, per position, time split, concurrency
+    assert page.count("data:image/png;base64,") == 6  # speedup; vs D, CDFs, per position, time split, concurrency
+    assert page.index('id="speedup-chart"') < page.index("Output check")
     assert "src=\"http" not in page  # self-contained
+
+
+def test_report_cells_hold_no_lists_or_json(tmp_path):
+    path = run_bench(config(tmp_path), engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+    s = summarise(path, n_boot=50)
+    ng = next(r for r in s.rows if r.scope == "all" and r.config == "ngram:4")
+    page = write_report(s, tmp_path / "report.html").read_text()
+    assert page.count('<svg class="spark"') == 2  # per-position acceptance of ngram:2 and ngram:4, drawn
+    assert f"{ng.per_position_acceptance[0]:.2f} → {ng.per_position_acceptance[-1]:.2f} over" in page
+    assert json.dumps([round(a, 3) for a in ng.per_position_acceptance]) not in page  # the old list repr
+    assert "&quot;" not in page and "{" not in page.partition("</style>")[2]  # nor JSON strings or objects
+    assert "<tr><td>temperature</td><td>0</td></tr>" in page and "<td>context_edges</td><td>8</td>" in page
+
+
+def test_report_without_matplotlib_says_which_extra(tmp_path, monkeypatch):
+    path = run_bench(config(tmp_path), engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    page = write_report(summarise(path, n_boot=50, goal="speedup>=1"), tmp_path / "report.html").read_text()
+    assert page.count("pip install 'draftwise[bench]'") == 1  # one line, where the speedup chart would be
+    assert "<img" not in page and page.index("<h2>Verdict") < page.index("<h2>Output check") < page.index("<h2>Results")
 
 
 # --- command line --------------------------------------------------------------------------
@@ -520,7 +557,7 @@ def test_cli_bench_goal_reaches_the_printed_table_and_the_summary(tmp_path, caps
     assert {r["config"]: r["verdict"]["keep"] for r in saved["rows"] if r["scope"] == "all"} == \
         {"plain": None, "ngram:2": True, "ngram:4": True}
     page = (out / "report.html").read_text()
-    assert page.index("Output check") < page.index("<h2>Verdict") < page.index("<h2>Results")
+    assert page.index("<h2>Verdict") < page.index("<h2>Speedup") < page.index("Output check") < page.index("<h2>Results")
 
     assert cli.main(["bench", "--report-only", "--out", str(out), "--goal", "speedup>=100"]) == 0
     assert "ngram:4  don't keep (speedup " in capsys.readouterr().out  # judged again, nothing rerun

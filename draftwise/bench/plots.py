@@ -1,10 +1,12 @@
-"""The report's plots, as base64 PNGs (matplotlib, the `bench` extra). A configuration has one
-colour in every plot (config_colours); categories and time parts are drawn in other palettes."""
+"""The report's plots, as base64 PNGs (matplotlib, the `bench` extra; without it there are none).
+A configuration has one colour in every plot (config_colours); categories and time parts are drawn
+in other palettes."""
 from __future__ import annotations
 
 import base64
 import io
 
+from draftwise.bench.goal import parse_goal
 from draftwise.bench.summary import Row, Summary
 
 # matplotlib's tab10, then the lighter halves of tab20's pairs: 20 colours before any repeats
@@ -54,14 +56,58 @@ def _err(r: Row) -> list[list[float]]:
     return [[lo], [hi]]
 
 
-def figures(s: Summary) -> list[tuple[str, str]]:
-    """(title, base64 PNG) per plot; empty without matplotlib. All but the concurrency plot show
-    the lowest concurrency measured (1 unless not run)."""
+def _pyplot():
+    """matplotlib.pyplot drawing off-screen, or None when matplotlib is not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def speedup_chart(s: Summary) -> str | None:
+    """Base64 PNG: each configuration's speedup over the baseline (all prompts) with its 95%
+    interval, one panel per concurrency; 1 (the baseline) solid, the goal's speedup bound dashed.
+    None without matplotlib or without a speedup to draw."""
+    plt = _pyplot()
+    rows = [r for r in s.rows if r.scope == "all" and r.config != s.baseline and r.speedup is not None]
+    if plt is None or not rows:
+        return None
+    levels = sorted({r.concurrency for r in rows})
+    names = list(dict.fromkeys(r.config for r in rows))
+    bounds = [c for c in parse_goal(s.goal) if c.metric == "speedup"] if s.goal else []
+    right = 1.18 * max([r.speedup_hi or r.speedup for r in rows] + [1.0] + [c.value for c in bounds])
+    fig, axes = plt.subplots(1, len(levels), figsize=(max(6.5, 4.8 * len(levels)), 0.4 * len(names) + 1.1),
+                             sharey=True, squeeze=False)
+    for ax, level in zip(axes[0], levels):
+        _speedup_panel(ax, [r for r in rows if r.concurrency == level], names, config_colours(s))
+        ax.axvline(1.0, color="black", linewidth=1)
+        for c in bounds:
+            ax.axvline(c.value, color="#b00000", linestyle="--", linewidth=1.2)
+        ax.set(xlim=(0, right), xlabel=f"speedup over {s.baseline} (95% CI)",
+               title=f"concurrency {level}" if len(levels) > 1 else None)
+    axes[0][0].set_yticks(range(len(names)), names)
+    axes[0][0].invert_yaxis()
+    return _png(fig)
+
+
+def _speedup_panel(ax, rows: list[Row], names: list[str], colours: dict[str, str]) -> None:
+    for r in rows:
+        y = names.index(r.config)
+        ax.barh(y, r.speedup, height=0.6, color=colours[r.config])
+        if r.speedup_lo is not None:
+            ax.errorbar(r.speedup, y, xerr=_err(r), fmt="none", ecolor="black", capsize=3)
+        ax.annotate(f"{r.speedup:.2f}×", (r.speedup_hi or r.speedup, y), xytext=(4, 0), textcoords="offset points",
+                    va="center", fontsize=8)
+
+
+def figures(s: Summary) -> list[tuple[str, str]]:
+    """(title, base64 PNG) per plot; empty without matplotlib. All but the concurrency plot show
+    the lowest concurrency measured (1 unless not run)."""
+    plt = _pyplot()
+    if plt is None:
         return []
     colours = config_colours(s)
     c1 = min(r.concurrency for r in s.rows)
@@ -114,6 +160,8 @@ def _speedup_vs_d(rows: list[Row], plt, colours: dict[str, str]):
 
 
 def _cdfs(rows: list[Row], plt, colours: dict[str, str]):
+    if not any(r.cdf for r in rows):
+        return None
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, key, name in zip(axes, ("ttft_s", "itl_s", "e2e_s"), ("TTFT", "inter-token latency", "end-to-end")):
         for r in rows:
@@ -181,6 +229,7 @@ def _concurrency(rows: list[Row], plt, colours: dict[str, str]):
     levels = sorted({r.concurrency for r in rows})
     ax.set(title="Speedup vs concurrency", xlabel="requests in flight", ylabel="speedup ×", xscale="log")
     ax.set_xticks(levels, [str(c) for c in levels])
+    ax.tick_params(axis="x", which="minor", labelbottom=False)  # no 2×10⁰ between the levels
     if notes:
         ax.text(0.02, 0.02, "\n".join(notes), transform=ax.transAxes, fontsize=7, va="bottom")
     ax.legend(fontsize=7)
