@@ -12,7 +12,7 @@ around it; and llama-bench ppK at the same depth with --repack 0 and 1 (docs/des
 
 `ragged`: a batched step whose sequences feed different numbers of tokens, measured against its
 prediction from the cost curve (measured on even batches): priced as the forwards the runner runs
-it as (draftwise.backends.base.forward_parts; llama.cpp: equal-split ubatches), and as one forward
+it as (ModelRunner.forward_parts; llama.cpp: equal-split ubatches), and as one forward
 padded to the longest feed. The server's runner and cached curve, so `draftwise serve
 --max-running 16 --max-context 1024` on the same model prices steps exactly as here.
 
@@ -42,7 +42,7 @@ import statistics
 import time
 from pathlib import Path
 
-from draftwise.backends.base import forward_parts, padded_parts
+from draftwise.backends.base import padded_parts
 from draftwise.costs import CostCurve
 from draftwise.profile import ProfileResult
 
@@ -89,7 +89,7 @@ def measure(runner, curve: CostCurve, n: int, reps: int = 9) -> list[dict]:
                 for s in seqs:
                     runner.truncate(s, CONTEXT)
             rows.append({"shape": name, "feeds": ks, "measured_ms": 1e3 * statistics.median(ts[1:]),
-                         "split_ms": 1e3 * curve.parts(forward_parts(runner, ks)),
+                         "split_ms": 1e3 * curve.parts(runner.forward_parts(ks)),
                          "padded_ms": 1e3 * curve.parts(padded_parts(ks))})
     finally:
         for s in seqs:
@@ -236,14 +236,15 @@ def head_costs(model: str, head: str | None, prompt_tokens: int, reps: int) -> l
     times = {False: [], True: []}
     for i in range(reps + 1):
         for on in (False, True):
-            runner.features = [] if on else None
             seq = runner.new_sequence()
             t = time.perf_counter()
-            runner.forward([seq], [ids], [1])
+            if on:
+                runner.forward_features([seq], [ids], [1], [])
+            else:
+                runner.forward([seq], [ids], [1])
             if i:
                 times[on].append(1e3 * (time.perf_counter() - t))
             runner.free(seq)
-    runner.features = None
     for on in (False, True):
         out.append(f"prefill of {prompt_tokens} tokens, 1 output row, embeddings {'on' if on else 'off'}: "
                    f"{statistics.median(times[on]):.0f}")

@@ -40,7 +40,8 @@ from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
 from draftwise.models.head import HeadConfig, new_head, save_head
-from draftwise.planner import PRIORS, Planner, planner_defaults
+from draftwise.draft_length import PRIORS, config_for
+from draftwise.planner import Planner
 from draftwise.profile import profile_runner
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -66,6 +67,19 @@ class Ids:
 
     def fingerprint(self):
         return "ids"
+
+
+class _WithFeatures:
+    """A runner whose every forward also returns the target's last-layer features: their cost."""
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+    def forward(self, seq_ids, tokens, num_logits, parents=None):
+        return self.runner.forward_features(seq_ids, tokens, num_logits, [], parents).logits
 
 
 def _device_name() -> str | None:
@@ -124,11 +138,9 @@ def curves(device: str) -> dict:
         res[name] = json.loads(prof.to_json())
         print(prof.format_table(), flush=True)
         if name == "qwen2.5-coder-1.5b":  # with its features (the head's input), and the head on it
-            runner.features = []
-            prof = profile_runner(runner, range(1, 18), (1,), context_len=256, repeats=5, warmup=2)
+            prof = profile_runner(_WithFeatures(runner), range(1, 18), (1,), context_len=256, repeats=5, warmup=2)
             prof.meta.update(model_architecture=name, dtype="bfloat16", device=_device_name(), features="last")
             res[name + "+features"] = json.loads(prof.to_json())
-            runner.features = None
             hrun = head_drafter(runner).runner
             prof = profile_runner(hrun, range(1, 18), (1,), context_len=256, repeats=5, warmup=2)
             prof.meta.update(head="qwen2.5-coder-1.5b-head (packaged weights)", dtype=str(hrun.head.fc.weight.dtype),
@@ -183,7 +195,7 @@ def engine_run(max_tokens: int) -> dict:
                              planner=Planner(t_curve, d_curve, prior=PRIORS["model"])),
         "head:4": Engine(target, Ids(), HeadDrafter(hrun), 4),
         "head:auto": Engine(target, Ids(), HeadDrafter(hrun), "auto",
-                            planner=Planner(t_curve, h_curve, **planner_defaults("head", t_curve, h_curve, 16))),
+                            planner=Planner(t_curve, h_curve, config_for("head", False, 16))),
     }
     prompts = [[(7 * i + j) % 5000 + 100 for j in range(64)] for i in range(4)]
     for e in engines.values():  # warm-up: kernels, allocator, the planners' first estimates

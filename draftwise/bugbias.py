@@ -80,16 +80,14 @@ def predict_bug_bias(target, drafter, eos: frozenset[int], prompt_ids: list[int]
     tree drafter's budget: its root's children are the siblings tried at position 1)."""
     seq, key = target.new_sequence(), -1  # a drafter key no engine hands out
     gen = torch.Generator().manual_seed(0)  # the drafted token is irrelevant: only q is used
-    reads = getattr(drafter, "features", None) is not None  # a head drafts from the prompt's features
     drafter.isolate(key)  # nothing of this look is kept across requests
     try:
-        if reads:
-            target.features = drafter.features
-        logits = target.forward([seq], [prompt_ids], [len(prompt_ids) if reads else 1])[0]
-        if reads:
-            feats = target.last_features[0]
+        if drafter.features is not None:  # a head drafts from the prompt's features
+            out = target.forward_features([seq], [prompt_ids], [len(prompt_ids)], drafter.features)
+            logits, feats = out.logits[0], out.features[0]
             drafter.observe(key, len(prompt_ids) - len(feats), feats)
-            target.features = None
+        else:
+            logits = target.forward([seq], [prompt_ids], [1])[0]
         p0 = warp(logits[-1:], params)[0]  # [V]
         probs, order = p0.double().sort(descending=True)
         k = min(max_first, int((probs.cumsum(0) < coverage).sum()) + 1)
@@ -104,8 +102,6 @@ def predict_bug_bias(target, drafter, eos: frozenset[int], prompt_ids: list[int]
                 roots = [j for j, par in enumerate(prop.parents or [-1]) if par == -1]
                 shifts[i] = sibling_shift(p1, prop.draft_probs(p0.shape[0])[roots].double())
     finally:
-        if reads:
-            target.features = None
         target.free(seq)
         drafter.release(key)
     return BugBias(shift_tv(probs[:k], shifts), max(0.0, float(1 - probs[:k].sum())), k)

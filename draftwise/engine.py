@@ -11,10 +11,11 @@ from collections.abc import Iterator
 from draftwise.backends.base import ModelRunner
 from draftwise.drafters.base import Drafter
 from draftwise.planner import Planner
-from draftwise.policy import DraftPolicy, make_policy
-from draftwise.request import Chunk, GenerationResult, check_draft_len
+from draftwise.policy import DraftPolicy
+from draftwise.policy_build import make_policy
+from draftwise.request import Chunk, GenerationResult, Request, check_draft_len
 from draftwise.sampling import SamplingParams
-from draftwise.scheduler import Request, Scheduler
+from draftwise.scheduler import Scheduler
 from draftwise.tokenizer import Tokenizer
 from draftwise.verify import rejection_sample, rejection_sample_tree
 

@@ -209,7 +209,7 @@ def check_sampling(plain: Engine, spec: Engine, prompts: list[list[int]], temper
         if predict_bias:  # after the draws: the engines have released their kept prompt state
             rep.bug_bias.append(predict_bug_bias(spec.target, spec.drafter, spec.tokenizer.eos_token_ids, ids,
                                                  SamplingParams(temperature, top_p, top_k),
-                                                 nodes=spec.max_draft if getattr(spec.drafter, "tree", False) else 1))
+                                                 nodes=spec.max_draft if spec.drafter.tree else 1))
         if progress:
             progress(i)
     return rep

@@ -1,12 +1,17 @@
-"""What a request gets back: chunks as tokens are committed, and the result with its stats; and
-the check that a request can run at all. Shared by the decoding loop and everything that calls it."""
+"""A request (what a caller submits), its state while it runs, and what it gets back: chunks as
+tokens are committed, and the result with its stats; and the check that a request can run at
+all. Shared by the decoding loop and everything that calls it."""
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 
+from draftwise.output import OutputTracker
+from draftwise.sampling import SamplingParams
 from draftwise.stats import SpecStats
 
 
@@ -80,6 +85,78 @@ class Chunk:
     result: GenerationResult | None = None  # on the last chunk
     logprobs: list[TokenLogprobs] | None = None  # one per token, when the request asked for them
     round: Round | None = None  # the verification round that committed them (None: the prefill's token, a plain step)
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    prompt_ids: list[int]
+    max_tokens: int
+    params: SamplingParams
+    deliver: Callable[[Chunk | BaseException], None]  # called from the thread that runs the loop's steps
+    stop: list[str] = field(default_factory=list)
+    num_draft_tokens: int | None = None  # None: the policy's; an integer fixes D (0: speculation off)
+    logprobs: int | None = None  # None: none; k >= 0: each token's logprob and its top k alternatives
+    private: bool = False  # its text is neither read from nor added to state shared across requests
+    t0: float = field(default_factory=time.perf_counter)  # arrival; chunk times count from here
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True  # read at the loop's next step
+
+
+@dataclass(slots=True, eq=False)
+class RequestState:
+    """A running request, as the loop and the draft-length policy see it."""
+    req: Request
+    seq: int  # target sequence id
+    key: int  # drafter sequence key
+    ctx: list[int]  # prompt + committed output; the target KV holds ctx[:-1]
+    out: OutputTracker | None = None  # set up inside the request's failure boundary
+    gen: torch.Generator | None = None
+    stats: SpecStats = field(default_factory=SpecStats)
+    times: list[float] = field(default_factory=list)
+    rounds: list[Round] = field(default_factory=list)
+    ttft: float = 0.0
+    policy: object = None  # the draft-length policy's own per-request state
+    plans: list[PlanStep] | None = None  # the planner's log, under `auto`
+    logprobs: list[TokenLogprobs] | None = None
+    prompt_logits: torch.Tensor | None = None  # [1, V] kept with the prompt's KV (draftwise.prefix_reuse)
+    wants_features: bool = False  # this step's target forward returns the features its drafter reads
+
+    def commit(self, tokens: list[int], from_round: bool | None, logprobs: list[TokenLogprobs] | None) -> Chunk:
+        """Add tokens to the output (the emitted ones; those past a stop are discarded) and
+        record them: the chunk that delivers them. `from_round`: a verification round's."""
+        kept, delta = self.out.add(tokens)
+        s = self.stats
+        s.emitted_tokens += len(kept)
+        s.discarded_tokens += len(tokens) - len(kept)
+        if from_round:
+            s.round_emitted_tokens += len(kept)
+        now = time.perf_counter() - self.req.t0
+        if not self.times:
+            self.ttft = now
+        self.times.append(now)
+        chunk = Chunk(kept, delta, now, self.out.finish_reason, round=self.rounds[-1] if from_round else None)
+        if logprobs is not None:
+            chunk.logprobs = logprobs[: len(kept)]
+            self.logprobs = self.logprobs or []
+            self.logprobs.extend(chunk.logprobs)
+        return chunk
+
+    def result(self) -> GenerationResult:
+        """A finished request's result; its last chunk's time is its wall time."""
+        s = self.stats
+        s.wall_s = self.times[-1]
+        s.other_s = s.wall_s - s.prefill_s - s.draft_s - s.verify_s
+        return GenerationResult(self.out.text, self.out.token_ids, len(self.req.prompt_ids), self.out.finish_reason,
+                                s, self.ttft, self.times, self.rounds, self.logprobs, self.plans)
+
+    @property
+    def delivered(self) -> list[int] | None:
+        """The prompt and the output delivered (None before set-up): ctx also holds a round's
+        verified tokens past an EOS or a stop string, which no drafter may learn as the answer's
+        continuation."""
+        return None if self.out is None else self.ctx[: len(self.req.prompt_ids) + len(self.out.token_ids)]
 
 
 def check_request(target, drafter, prompt_ids: list[int], max_tokens: int, d_max: int) -> None:

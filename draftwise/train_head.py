@@ -61,14 +61,12 @@ class TrainConfig:
 
 def features_of(runner, ids: list[int], layers: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward of `ids` on a fresh sequence: (logits [n, V], the target's features [n, F])."""
-    runner.features = layers or []
     seq = runner.new_sequence()
     try:
-        logits = runner.forward([seq], [ids], [len(ids)])[0]
-        return logits, runner.last_features[0][-len(ids):]
+        out = runner.forward_features([seq], [ids], [len(ids)], layers or [])
+        return out.logits[0], out.features[0][-len(ids):]
     finally:
         runner.free(seq)
-        runner.features = None
 
 
 def extract(cfg: TrainConfig, runner, tok, log=None, gen=None) -> dict:

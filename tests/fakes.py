@@ -1,7 +1,9 @@
-"""A toy model runner and tokenizer for fast engine tests: logits depend on the last token only."""
+"""A toy model runner, a cheap drafter to build test drafters on, and a tokenizer for fast engine
+tests: logits depend on the last token only."""
 import torch
 
-from draftwise.backends.base import KVState
+from draftwise.backends.base import KVState, padded_parts
+from draftwise.drafters.base import Proposal
 
 
 class CycleRunner:
@@ -9,6 +11,9 @@ class CycleRunner:
     backend = "fake"
     n_seq_max = None
     trees = True  # logits depend on the token alone, so a tree's are its tokens' own
+    saves = True
+    returns_features = features_free = False
+    forward_parts = staticmethod(padded_parts)
 
     def __init__(self, vocab=16, period=5, max_context=512, sharp=8.0):
         self.vocab_size, self.period, self.max_context, self.sharp = vocab, period, max_context, sharp
@@ -57,6 +62,26 @@ class CycleRunner:
     def restore(self, s, state):
         assert not self.seqs[s]
         self.seqs[s] = list(state.data)
+
+
+class CheapDrafter:
+    """A cheap drafter that proposes nothing: a test drafter overrides `propose`."""
+    name, max_context, cheap, runner, runners, tree, features = "cheap", None, True, None, (), False, None
+
+    def propose(self, seq_key, context, num_tokens, params, generator, stop=None):
+        return Proposal([])
+
+    def pending(self, seq_key, context):
+        return 0
+
+    def isolate(self, seq_key):
+        pass
+
+    def release(self, seq_key, context=None):
+        pass
+
+    def memory_nodes(self):
+        return 0
 
 
 class CharTokenizer:

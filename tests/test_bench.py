@@ -24,7 +24,7 @@ from draftwise.engine import Engine
 from draftwise.prompts import DATA_FILES, data_file
 from draftwise.scheduler import Scheduler
 from draftwise.verify import VerifyResult
-from fakes import CharTokenizer, CycleRunner
+from fakes import CharTokenizer, CheapDrafter, CycleRunner
 
 TEXTS = ["abcdeab", "cdeabcdea", "eabcdeabcdeab", "bcdeabc"]  # the cycle 0..4: n-gram drafts are right
 
@@ -391,26 +391,22 @@ def test_decode_speedup_is_the_time_per_output_token_after_the_first():
 
 # --- output check --------------------------------------------------------------------------
 
-class SevenDrafter:
-    name, max_context, cheap, runner = "seven", None, True, None
+class SevenDrafter(CheapDrafter):
+    name = "seven"
 
-    def propose(self, key, ctx, n, params, gen):
+    def propose(self, key, ctx, n, params, gen, stop=None):
         return Proposal([7] * n)
 
-    def pending(self, key, ctx):
-        return 0
 
-    def memory_nodes(self):
-        return 0
-
-    def release(self, key, context=None):
-        pass
+def accept_all(logits, prop, params, gen):
+    d = len(prop.tokens)
+    return VerifyResult(prop.tokens + [int(logits[d].argmax())], d, d), None
 
 
 class AcceptAllScheduler(Scheduler):
-    def _verify(self, logits, prop, params, gen):
-        d = len(prop.tokens)
-        return VerifyResult(prop.tokens + [int(logits[d].argmax())], d, d), None
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.verifier.rule = accept_all  # instead of the acceptance rule (Verifier.rule)
 
 
 class AcceptAll(Engine):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from draftwise.backends.base import Forward
 from draftwise.bench import BenchConfig, run_bench
 from draftwise.bench.results import Results
 from draftwise.costs import CostCurve
@@ -170,7 +171,7 @@ def test_trace_agreement_and_replay(planner_run, profiles, tmp_path, capsys):
     assert len(rows) == len(TEXTS) and all(r["draft_argmax"] == r["tokens"] for r in rows)  # the toys agree
     capsys.readouterr()
     replay = driver("replay_planner")
-    res = replay.main([str(traces), *profiles, "--per-request", "--set", "whole_z=0.75"])  # draft model
+    res = replay.main([str(traces), *profiles, "--per-request", "--set", "probe_max=1"])  # draft model
     assert set(res) == {"even", "odd"} and all(r["auto"] > 0 for r in res.values())
     out = capsys.readouterr().out
     assert "p0" in out and "catch-ups" in out
@@ -302,13 +303,12 @@ def test_cost_curves_ragged_on_the_toy_runner():
 
 class _FeatureRunner(CycleRunner):
     """CycleRunner with target features (the one-hot of its next token) and embedding tables."""
-    backend, hidden_size, num_layers, features = "torch", 16, 2, None
+    backend, hidden_size, num_layers, returns_features, features_free = "torch", 16, 2, True, True
 
-    def forward(self, seq_ids, tokens, num_logits):
-        out = super().forward(seq_ids, tokens, num_logits)
-        self.last_features = [torch.nn.functional.one_hot(torch.tensor([(t + 1) % self.period for t in toks]),
-                                                          16).float() for toks in tokens]
-        return out
+    def forward_features(self, seq_ids, tokens, num_logits, layers, parents=None):
+        out = super().forward(seq_ids, tokens, num_logits, parents)
+        return Forward(out, [torch.nn.functional.one_hot(torch.tensor([(t + 1) % self.period for t in toks]),
+                                                         16).float() for toks in tokens])
 
     def embedding_tables(self):
         eye = torch.eye(16)

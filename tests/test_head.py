@@ -149,9 +149,9 @@ def test_a_head_drafts_after_a_cached_prompt(backend, smol_torch, smol_llama, tm
 
 class _Later(FixedDraftLength):
     """D = 2 from the request's 6th step on, plain steps before (as a planner that starts drafting)."""
-    def choose(self, st, batch, available, behind):
+    def _d(self, st, n):
         steps = st.stats.plain_steps + st.stats.verification_rounds
-        return super().choose(st, batch, available if steps >= 6 else 0, behind)
+        return super()._d(st, n) if steps >= 6 else 0
 
 
 def test_llama_computes_features_only_for_the_rounds_the_head_reads_them(smol_llama, tmp_path):
@@ -161,19 +161,23 @@ def test_llama_computes_features_only_for_the_rounds_the_head_reads_them(smol_ll
     runner, tok = smol_llama
     drafter = _drafter(runner, _head_dir(runner, tmp_path / "h"))
     calls = []  # (tokens fed, features on) per target forward
-    forward = runner.forward
+    forward, forward_features = runner.forward, runner.forward_features
 
     def spy(seqs, tokens, ks, *a):
-        calls.append((sum(map(len, tokens)), runner.features is not None))
+        calls.append((sum(map(len, tokens)), False))
         return forward(seqs, tokens, ks, *a)
+
+    def spy_features(seqs, tokens, ks, *a):
+        calls.append((sum(map(len, tokens)), True))
+        return forward_features(seqs, tokens, ks, *a)
 
     prompt = tok.encode(PROMPT)
     plain = Engine(runner, tok).generate(prompt, max_tokens=24)
-    runner.forward = spy
+    runner.forward, runner.forward_features = spy, spy_features
     try:
         res = Engine(runner, tok, drafter, policy=_Later(2)).generate(prompt, max_tokens=24)
     finally:
-        del runner.forward
+        del runner.forward, runner.forward_features
     assert res.token_ids == plain.token_ids
     assert calls[0] == (len(prompt), False)  # prefill
     # steps 1..5 plain without features; step 6 plain, collecting them; drafts (2 + 1 fed) from step 7 on

@@ -3,7 +3,7 @@ only what the cache does not hold, with outputs equal to uncached runs."""
 import pytest
 import torch
 
-from draftwise.backends.base import KVState
+from draftwise.backends.base import KVState, padded_parts
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
 from draftwise.prompt_cache import PromptCache
@@ -96,7 +96,8 @@ def test_the_loop_prefills_only_what_the_cache_lacks(temperature):
 
 def test_a_prompt_cache_needs_a_runner_that_saves():
     class NoSave:  # what the scheduler reads of a runner at construction
-        backend, n_seq_max, trees, vocab_size, max_context = "fake", None, False, 16, 512
+        backend, n_seq_max, trees, saves, vocab_size, max_context = "fake", None, False, False, 16, 512
+        forward_parts = staticmethod(padded_parts)
 
     with pytest.raises(ValueError, match="cannot save a sequence's KV state"):
         Engine(NoSave(), CharTokenizer(), prompt_cache_bytes=1 << 20)

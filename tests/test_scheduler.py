@@ -7,10 +7,13 @@ import pytest
 from draftwise.backends.base import equal_split_parts
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
+from draftwise.loop_thread import LoopThread
 from draftwise.sampling import SamplingParams
 from draftwise.policy import FixedDraftLength
-from draftwise.scheduler import QueueFull, Request, Scheduler
-from fakes import CharTokenizer, CycleRunner
+from draftwise.request import Request
+from draftwise.scheduler import Scheduler
+from draftwise.waiting import QueueFull
+from fakes import CharTokenizer, CheapDrafter, CycleRunner
 
 PROMPTS = [[0, 1, 2, 3, 0, 1], [5, 6, 7, 5, 6], [9, 10, 11, 12, 9, 10], [3, 4, 3]]
 
@@ -147,7 +150,8 @@ def test_cancel_frees_state_and_queue_bound():
 
 def test_thread_and_failed_delivery_cancels():
     runner, sched = make()
-    sched.start()
+    loop = LoopThread(sched)
+    loop.start()
     c = Collector()
     sched.submit(Request(PROMPTS[0], 20, SamplingParams(), c))
     assert c.done.wait(10) and c.result.token_ids == list(range(2, 16)) and c.result.finish_reason == "stop"  # to EOS 15
@@ -163,7 +167,7 @@ def test_thread_and_failed_delivery_cancels():
             break
         threading.Event().wait(0.01)
     assert sched.counts() == (0, 0) and runner.seqs == {}
-    sched.close()
+    loop.close()
 
 
 def test_planner_policy_turns_speculation_off_when_batching_makes_verification_dear():
@@ -174,7 +178,7 @@ def test_planner_policy_turns_speculation_off_when_batching_makes_verification_d
     # alone, verifying k tokens costs about one forward; with 4 sequences it costs k forwards
     curve = CostCurve({1: [10, 10.5, 11, 11.5, 12], 4: [10, 20, 30, 40, 50]})
     drafter = NgramDrafter(1, 3)
-    policy = PlannedDraftLength(Planner(curve, None, prior=0.9, max_draft=4, online=False, probe_max=0), drafter)
+    policy = PlannedDraftLength(Planner(curve, None, prior=0.9, max_draft=4, online=False, probe_max=0))
     runner = CycleRunner(period=16)
     sched = Scheduler(runner, CharTokenizer(), drafter, policy)
     alone = run_all(sched, PROMPTS[:1])[0].result.stats
@@ -193,9 +197,9 @@ def test_planner_policy_prices_draft_catch_up_and_stops_drafts_early():
     from draftwise.policy import PlannedDraftLength
 
     class StopAfterTwo(Planner):  # records what it is asked, and stops every draft before token 3
-        def plan(self, req, batch=None, available=None, behind=1):
-            asked.append(behind)
-            p = super().plan(req, batch, available, behind)
+        def decide(self, req, step=None, index=0, available=None, unseen=1, **kw):
+            asked.append(unseen)
+            p = super().decide(req, step, index, available, unseen, **kw)
             if p.d > 2:
                 p.stop = StopRule([0.0, 0.0] + [1.1] * (p.d - 2), [0.0, 0.0] + [1.1] * (p.d - 3))
             return p
@@ -204,13 +208,13 @@ def test_planner_policy_prices_draft_catch_up_and_stops_drafts_early():
     # a draft step costs 1 ms, but a forward of 7+ tokens 40 ms, so catching up on the 6-token
     # prompt costs 39 ms more than a step, and 2 ms more per token it falls further behind; each
     # plain step forgoes the ~7 ms a model believed right 19 times in 20 would have saved: it looks
-    # while that saving, one more step's included, fits in the catch-up (Planner._looks), which
+    # while that saving, one more step's included, fits in the catch-up (CatchUp.looks), which
     # grows by 2 ms a look: seven looks (five if it stayed at 39 ms)
     pl = StopAfterTwo(CostCurve({1: ms, 4: [4 * m for m in ms]}),
                       CostCurve({1: [1.0] * 6 + [40.0 + 2 * j for j in range(30)]}),
                       prior=0.95, max_draft=6, online=False)
     drafter = ModelDrafter(CycleRunner(period=16))
-    policy = PlannedDraftLength(pl, drafter)
+    policy = PlannedDraftLength(pl)
     sched = Scheduler(CycleRunner(period=16), CharTokenizer(), drafter, policy)
     r = run_all(sched, PROMPTS[:1], max_tokens=30)[0].result
     n = len(PROMPTS[0])  # the draft model has not seen the prompt: a catch-up to price, after the
@@ -225,19 +229,14 @@ class _Ragged(CycleRunner):
     forward_parts = staticmethod(equal_split_parts)
 
 
-class _OnlyAfterA:
+class _OnlyAfterA(CheapDrafter):
     """A cheap drafter that proposes the true continuation of a 15-token cycle (never the EOS
     token 15) for prompts starting with token 0 (a), and nothing for the others."""
-    name, cheap, runner, max_context = "ngram", True, None, None
+    name = "ngram"
 
     def propose(self, key, ctx, n, params, gen, stop=None):
         from draftwise.drafters.base import Proposal
         return Proposal([(ctx[-1] + 1 + i) % 15 for i in range(n)] if ctx[0] == 0 else [])
-
-    def pending(self, key, ctx): return 0
-    def isolate(self, key): ...
-    def release(self, key, context=None): ...
-    def memory_nodes(self): return 0
 
 
 def test_a_batch_prices_each_draft_by_what_it_adds_to_the_shared_step():
@@ -253,7 +252,7 @@ def test_a_batch_prices_each_draft_by_what_it_adds_to_the_shared_step():
     curve = CostCurve({b: [10 + k * b for k in range(1, 10)] for b in (1, 2, 4, 8)})
     drafter = _OnlyAfterA()
     policy = PlannedDraftLength(Planner(curve, None, prior=0.8, max_draft=4, online=False, probe_max=0,
-                                        margin=0.03, risk=0.0), drafter)
+                                        margin=0.03, risk=0.0))
     runner = _Ragged(period=15)
     sched = Scheduler(runner, CharTokenizer(), drafter, policy, max_running=8)
     a, others = [0, 1, 2], [[5 + i, 6, 7] for i in range(7)]
@@ -281,9 +280,9 @@ def test_drafts_that_pay_only_together_in_a_ragged_step_give_way_to_the_plain_st
     planner = Planner(curve, None, prior=0.8, max_draft=4, online=False, probe_max=0, margin=0.03, risk=0.0)
     planner.draft_call_s = 0.0
     drafter = _OnlyAfterA()
-    policy = PlannedDraftLength(planner, drafter)
+    policy = PlannedDraftLength(planner)
     trapped = Batch([3, 3, 3] + [1] * 5, [2.44] * 3 + [1.0] * 5, equal_split_parts)
-    assert not policy.pays(trapped) and policy.pays(Batch([3] * 8, [2.44] * 8, equal_split_parts))
+    assert not planner.step_pays(trapped) and planner.step_pays(Batch([3] * 8, [2.44] * 8, equal_split_parts))
     sched = Scheduler(_Ragged(period=15), CharTokenizer(), drafter, policy, max_running=8)
     prompts = [[0, 1 + i, 2 + i] for i in range(3)] + [[5 + i, 6, 7] for i in range(5)]
     out = [c.result for c in run_all(sched, prompts, max_tokens=12)]

@@ -13,8 +13,12 @@ from draftwise.drafters.ngram import NgramDrafter
 from draftwise.planner import Planner
 from draftwise.policy import FixedDraftLength, PlannedDraftLength
 from draftwise.sampling import SamplingParams
-from draftwise.scheduler import MAX_LOOP_ERRORS, NullObserver, Request, Scheduler, ShuttingDown
+from draftwise.loop_thread import MAX_LOOP_ERRORS, LoopThread
+from draftwise.observer import NullObserver
+from draftwise.request import Request
+from draftwise.scheduler import Scheduler
 from draftwise.server.lifecycle import Lifecycle
+from draftwise.waiting import ShuttingDown
 from fakes import CharTokenizer
 from serving import Runner
 
@@ -90,7 +94,7 @@ class Timed(FixedDraftLength):
         super().__init__(d)
         self.steps = []
 
-    def observe_step(self, step):
+    def observe(self, step):
         self.steps.append(step)
 
 
@@ -159,7 +163,8 @@ def test_loop_faults_fail_the_running_after_a_few_and_the_loop_lives_on():
             if self.broken:
                 raise RuntimeError("observer bug")
     sched = scheduler(observer=(obs := Broken()))
-    sched.start()
+    loop = LoopThread(sched)
+    loop.start()
     ev = Events()
     sched.submit(Request(PROMPTS[0], 50, GREEDY, ev))
     deadline = time.time() + 10
@@ -171,18 +176,19 @@ def test_loop_faults_fail_the_running_after_a_few_and_the_loop_lives_on():
     sched.submit(Request(PROMPTS[0], 12, GREEDY, ok))
     while not ok.done and time.time() < deadline:
         time.sleep(0.01)
-    assert ok.ids == ALONE[0] and sched.alive() and sched.sequences_held == 0
-    sched.close()
+    assert ok.ids == ALONE[0] and loop.alive() and sched.sequences_held == 0
+    loop.close()
 
 
 def test_drain_finishes_in_flight_then_cancels_the_rest():
     runner = Runner(delay=0.01, period=15)  # no EOS (token 15): the long request runs to max_tokens
     sched = scheduler(runner)
-    sched.start()
+    loop = LoopThread(sched)
+    loop.start()
     short, long = Events(), Events()
     sched.submit(Request(PROMPTS[0], 12, GREEDY, short))
     sched.submit(Request(PROMPTS[1], 500, GREEDY, long))
-    t = threading.Thread(target=sched.drain, args=(0.3,))
+    t = threading.Thread(target=loop.drain, args=(0.3,))
     t.start()
     time.sleep(0.05)
     with pytest.raises(ShuttingDown):
@@ -190,7 +196,7 @@ def test_drain_finishes_in_flight_then_cancels_the_rest():
     t.join(5)
     assert len(short.ids) == 12  # finished within the drain
     assert isinstance(long[-1], ShuttingDown) and long[-2].result is None  # cut off at the deadline
-    assert runner.seqs == {} and not sched.alive()
+    assert runner.seqs == {} and not loop.alive()
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "model", "auto"])
@@ -202,7 +208,7 @@ def test_the_context_needs_no_draft_reserve(drafter):
     if drafter == "auto":
         planner = Planner(CostCurve({1: [10.0 + 0.1 * k for k in range(18)]}), None, prior=0.99, online=False,
                           probe_max=0)
-        sched = Scheduler(runner, CharTokenizer(), d := NgramDrafter(1, 3), PlannedDraftLength(planner, d),
+        sched = Scheduler(runner, CharTokenizer(), d := NgramDrafter(1, 3), PlannedDraftLength(planner),
                           reserve_draft=False)
         assert sched.max_draft == 16
     else:
@@ -233,5 +239,5 @@ def test_health_reports_a_dead_or_stuck_loop():
     while not ev.done:
         time.sleep(0.01)
     assert life.health()[0] == 200
-    sched.close()
+    life.loop.close()
     assert life.health()[1]["reason"] == "the scheduler's loop thread has stopped"

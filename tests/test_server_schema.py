@@ -48,7 +48,7 @@ def test_no_server_error(live, mode):
             if response.status_code >= 400:
                 assert set(response.json()["error"]) == {"message", "type", "param", "code"}
         check()
-    assert live.scheduler.alive()
+    assert live.life.loop.alive()
     assert 200 in seen or mode == GenerationMode.NEGATIVE
     assert 401 not in seen or mode == GenerationMode.NEGATIVE  # negative cases may break the key itself
     deadline = time.time() + 30

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -13,6 +13,12 @@ class KVState:
     n: int
     nbytes: int
     data: object  # the runner's own: llama.cpp's serialized sequence, torch's cache copy
+
+
+class Forward(NamedTuple):
+    """What `forward_features` returns, per sequence."""
+    logits: list[torch.Tensor]  # [k, vocab_size] each, as forward's
+    features: list[torch.Tensor]  # [m, F] each: the target's features of the feed's last m >= k tokens
 
 
 class ModelRunner(Protocol):
@@ -27,8 +33,13 @@ class ModelRunner(Protocol):
     `keep(seq, n, rows)` keeps the first n tokens and then the tokens at `rows` (ascending, >= n),
     which become positions n, n+1, ...
 
-    Prompt caching (optional: a runner without `save` cannot cache prompts): `save(seq)` copies the
-    sequence's KV state out; `restore(seq, state)` gives an empty sequence that state.
+    Prompt caching (`saves` True): `save(seq)` copies the sequence's KV state out; `restore(seq,
+    state)` gives an empty sequence that state.
+
+    Target features (`returns_features` True), what a draft head reads: `forward_features` is
+    `forward` that also returns, per sequence, the features named by `layers` ([]: the last
+    layer's normed state; [i, ...]: the inputs of layers i, ... concatenated, EAGLE-3) of at
+    least the rows that get logits; nothing is set on the runner between calls.
     """
 
     vocab_size: int  # width of the logits rows
@@ -36,6 +47,9 @@ class ModelRunner(Protocol):
     backend: str  # "torch" or "llama.cpp"
     n_seq_max: int | None  # most sequences held at once (llama.cpp's streams), None = unbounded
     trees: bool  # forward takes `parents` and `keep` compacts: candidate trees can be verified
+    saves: bool  # save and restore copy a sequence's KV state out and back: prompts can be cached
+    returns_features: bool  # forward_features works: a draft head can draft on this target
+    features_free: bool  # features come with every forward at no extra work (torch's hidden states)
 
     def new_sequence(self) -> int: ...
 
@@ -48,6 +62,16 @@ class ModelRunner(Protocol):
     ) -> list[torch.Tensor]:  # per sequence: [k, vocab_size] float32 on the CPU
         ...
 
+    def forward_features(self, seq_ids: list[int], tokens: list[list[int]], num_logits: list[int],
+                         layers: list[int], parents: list[list[int] | None] | None = None) -> Forward:
+        ...  # returns_features only
+
+    def forward_parts(self, ks: list[int]) -> list[tuple[int, int]]:
+        """The forwards, (k tokens per sequence, b sequences) each, that one batched forward of
+        these per-sequence token counts runs as: what a cost curve measured on even batches
+        prices it by (padded_parts for a runner that splits nothing)."""
+        ...
+
     def truncate(self, seq_id: int, n: int) -> None: ...
 
     def keep(self, seq_id: int, n: int, rows: list[int]) -> None: ...  # trees only
@@ -58,9 +82,9 @@ class ModelRunner(Protocol):
 
     def kv_bytes(self) -> int: ...  # bytes of KV state held now, all sequences
 
-    def save(self, seq_id: int) -> KVState: ...  # optional (prompt caching)
+    def save(self, seq_id: int) -> KVState: ...  # saves only
 
-    def restore(self, seq_id: int, state: KVState) -> None: ...  # into an empty sequence
+    def restore(self, seq_id: int, state: KVState) -> None: ...  # saves only; into an empty sequence
 
 
 def check_forward_args(seq_ids: list[int], tokens: list[list[int]], num_logits: list[int]) -> None:
@@ -100,10 +124,3 @@ def equal_split_parts(ks: list[int]) -> list[tuple[int, int]]:
             done = k
     return parts
 
-
-def forward_parts(runner, ks: list[int]) -> list[tuple[int, int]]:
-    """The forwards, (k tokens per sequence, b sequences) each, that one batched forward of these
-    per-sequence token counts runs as: what a cost curve measured on even batches prices it by.
-    A runner that splits ragged batches says how (`forward_parts`); otherwise as if padded."""
-    split = getattr(runner, "forward_parts", None)
-    return split(ks) if split is not None else padded_parts(ks)

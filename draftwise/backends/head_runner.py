@@ -18,7 +18,7 @@ import time
 import torch
 from torch import nn
 
-from draftwise.backends.base import check_forward_args
+from draftwise.backends.base import check_forward_args, padded_parts
 from draftwise.models.head import DraftHead
 
 
@@ -34,7 +34,8 @@ class _Seq:
 class HeadRunner:
     backend = "torch"
     n_seq_max = None
-    trees = False
+    trees = saves = returns_features = features_free = False
+    forward_parts = staticmethod(padded_parts)  # sequences run one after another, priced as padded
 
     def __init__(self, head: DraftHead, model_path: str = "", max_context: int = 4096, vocab_size: int | None = None):
         self.head = head.eval()

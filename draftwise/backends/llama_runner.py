@@ -38,7 +38,7 @@ import llama_cpp as _ll
 import numpy as np
 import torch
 
-from draftwise.backends.base import KVState, check_forward_args, equal_split_parts, padded_parts, tree_layout
+from draftwise.backends.base import Forward, KVState, check_forward_args, equal_split_parts, padded_parts, tree_layout
 from draftwise.machine import cpu_flags, physical_cores
 
 _LOG_CALLBACK = None  # must outlive every llama.cpp call: C keeps the bare pointer
@@ -74,6 +74,10 @@ MAX_LEAVES = 16
 
 class LlamaRunner:
     backend = "llama.cpp"
+    saves = True
+    returns_features = True  # the last layer's state only
+    features_free = False  # they cost work: embeddings in every row of a prefill, a copy per row (docs/heads.md)
+    _model = _ctx = _batch = None  # what close() frees, also after a failed __init__
 
     def __init__(self, model_path: str, n_ctx: int | None = None, n_batch: int = 512, n_seq_max: int = 4,
                  n_threads: int | None = None, n_threads_batch: int | None = None,
@@ -84,7 +88,6 @@ class LlamaRunner:
             raise ValueError(f"a llama.cpp runner with candidate trees holds one sequence at a time (see the "
                              f"module docstring), got n_seq_max {n_seq_max}: run with --max-running 1")
         self.trees = trees
-        self._model = self._ctx = self._batch = None
         self.model_path = str(model_path)
         if not os.path.isfile(self.model_path):
             raise FileNotFoundError(f"GGUF file {self.model_path} does not exist")
@@ -128,10 +131,9 @@ class LlamaRunner:
         self.n_threads = threads
         self.hidden_size = int(_ll.llama_model_n_embd(self._model))
         self.num_layers = int(_ll.llama_model_n_layer(self._model))
-        # features: None = none; [] = the last layer's normed state (llama.cpp's per-token
-        # embeddings, from the same decode as the logits), for the same rows, in last_features
-        self._features: list[int] | None = None
-        self.last_features: list[torch.Tensor] = []
+        # features ([] only: the last layer's normed state) are llama.cpp's per-token embeddings,
+        # from the same decode as the logits; switched on only for the forwards that return them
+        self._embeddings = False
 
         # One batch, reused: numpy views over its token/pos/logits arrays are filled by slices.
         # llama_batch_init mallocs each token's seq_id list apart, so those are written one by one,
@@ -234,19 +236,10 @@ class LlamaRunner:
 
     # --- forward ---------------------------------------------------------------------------
 
-    @property
-    def features(self) -> list[int] | None:
-        return self._features
-
-    @features.setter
-    def features(self, layers: list[int] | None) -> None:
-        if layers:
-            raise ValueError(f"llama.cpp returns only the last layer's state, not layers {layers}")
-        if (layers is None) == (self._features is None):
-            self._features = layers
-            return  # unchanged: the scheduler sets it before each forward
-        self._features = layers
-        _ll.llama_set_embeddings(self._ctx, layers is not None)
+    def _set_embeddings(self, on: bool) -> None:
+        if on != self._embeddings:
+            _ll.llama_set_embeddings(self._ctx, on)
+            self._embeddings = on
 
     def forward_parts(self, ks: list[int]) -> list[tuple[int, int]]:
         """Separate streams: ubatches of equally many tokens per sequence (split_equal; past
@@ -256,13 +249,25 @@ class LlamaRunner:
 
     def forward(self, seq_ids: list[int], tokens: list[list[int]], num_logits: list[int],
                 parents: list[list[int] | None] | None = None) -> list[torch.Tensor]:
+        return self._run(seq_ids, tokens, num_logits, parents, False).logits
+
+    def forward_features(self, seq_ids: list[int], tokens: list[list[int]], num_logits: list[int],
+                         layers: list[int], parents: list[list[int] | None] | None = None) -> Forward:
+        """forward, and the features of the rows that get logits ([k, H] per sequence)."""
+        if layers:
+            raise ValueError(f"llama.cpp returns only the last layer's state, not layers {layers}")
+        return self._run(seq_ids, tokens, num_logits, parents, True)
+
+    def _run(self, seq_ids: list[int], tokens: list[list[int]], num_logits: list[int],
+             parents: list[list[int] | None] | None, features: bool) -> Forward:
         check_forward_args(seq_ids, tokens, num_logits)
         if parents and any(parents) and not self.trees:
             raise ValueError("this llama.cpp runner verifies chains only: load it with trees=True for candidate trees")
-        if parents and any(parents) and self._features is not None:
+        if parents and any(parents) and features:
             raise ValueError("candidate trees and target features (a draft head) do not go together")
         if self._ctx is None:
             raise RuntimeError("this LlamaRunner is closed")
+        self._set_embeddings(features)
         if len(set(seq_ids)) != len(seq_ids):
             raise ValueError(f"a sequence may appear only once in a forward, got {seq_ids}")
         starts = []
@@ -305,7 +310,7 @@ class LlamaRunner:
                              {i - lo: v for i, v in ids.items() if lo <= i < hi})
                 if want[lo:hi].any():
                     rows.append(self._read_logits(want[lo:hi]))
-                    if self._features is not None:
+                    if features:
                         feats.append(self._read_rows(_ll.llama_get_embeddings_ith, want[lo:hi], self.hidden_size))
         except BaseException:
             for s, start in zip(seq_ids, starts):  # a failed or split decode may leave cells behind
@@ -322,11 +327,11 @@ class LlamaRunner:
         for k in num_logits:
             out.append(logits[r: r + k])  # [k, V]
             r += k
-        if self._features is not None:
-            f = torch.from_numpy(np.concatenate(feats)) if feats else torch.empty(0, self.hidden_size)
-            ends = np.cumsum(num_logits)
-            self.last_features = [f[e - k: e] for e, k in zip(ends, num_logits)]  # [k, H] each
-        return out
+        if not features:
+            return Forward(out, [])
+        f = torch.from_numpy(np.concatenate(feats)) if feats else torch.empty(0, self.hidden_size)
+        ends = np.cumsum(num_logits)
+        return Forward(out, [f[e - k: e] for e, k in zip(ends, num_logits)])  # [k, H] each
 
     def _decode(self, tok: np.ndarray, pos: np.ndarray, seq: np.ndarray, want: np.ndarray,
                 ids: dict[int, list[int]] | None = None) -> None:
@@ -418,13 +423,13 @@ class LlamaRunner:
         self._lengths[seq_id] = state.n
 
     def close(self) -> None:
-        if getattr(self, "_batch", None) is not None:
+        if self._batch is not None:
             _ll.llama_batch_free(self._batch)
             self._batch = None
-        if getattr(self, "_ctx", None):
+        if self._ctx:
             _ll.llama_free(self._ctx)
         self._ctx = None
-        if getattr(self, "_model", None):
+        if self._model:
             _ll.llama_model_free(self._model)
         self._model = None
         self._lengths = {}

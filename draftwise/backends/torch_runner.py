@@ -17,13 +17,16 @@ import torch
 from transformers import DynamicCache
 
 from draftwise.backends import packed_linear
-from draftwise.backends.base import KVState, check_forward_args, tree_layout
+from draftwise.backends.base import Forward, KVState, check_forward_args, tree_layout
 from draftwise.machine import cache_dir
 
 
 class TorchRunner:
     backend = "torch"
     n_seq_max = None  # sequences are unbounded
+    saves = True
+    returns_features = True
+    features_free = True  # the hidden states come with the forward, for every new token
 
     def __init__(self, model, max_context: int | None = None, device: str | torch.device = "cpu",
                  pack: str | None = None):
@@ -43,12 +46,6 @@ class TorchRunner:
         self.max_context = int(max_context or getattr(cfg, "max_position_embeddings", 4096))
         self.hidden_size = int(cfg.hidden_size)
         self.num_layers = int(cfg.num_hidden_layers)
-        # features: None = none; [] = the last layer's normed state; [i, ...] = the inputs of layers
-        # i, ... concatenated (EAGLE-3), in last_features: for every new token (the hidden states
-        # come with the forward whatever rows get logits: `all_features`)
-        self.features: list[int] | None = None
-        self.all_features = True
-        self.last_features: list[torch.Tensor] = []
         self._caches: dict[int, DynamicCache] = {}
         self._ids = itertools.count()
         # trees need every layer's cache to be a plain list of cells (no sliding window, no indexer)
@@ -64,12 +61,21 @@ class TorchRunner:
         """Sequences run one after another: one forward of k tokens each."""
         return [(k, 1) for k in ks]
 
-    @torch.inference_mode()
     def forward(self, seq_ids: list[int], tokens: list[list[int]], num_logits: list[int],
                 parents: list[list[int] | None] | None = None) -> list[torch.Tensor]:
+        return self._run(seq_ids, tokens, num_logits, parents, None).logits
+
+    def forward_features(self, seq_ids: list[int], tokens: list[list[int]], num_logits: list[int],
+                         layers: list[int], parents: list[list[int] | None] | None = None) -> Forward:
+        """forward, and the features of every new token ([n, F] per sequence)."""
+        return self._run(seq_ids, tokens, num_logits, parents, layers)
+
+    @torch.inference_mode()
+    def _run(self, seq_ids: list[int], tokens: list[list[int]], num_logits: list[int],
+             parents: list[list[int] | None] | None, layers: list[int] | None) -> Forward:
         check_forward_args(seq_ids, tokens, num_logits)
         out, feats = [], []
-        want = self.features is not None
+        want = layers is not None
         for i, (seq, toks, k) in enumerate(zip(seq_ids, tokens, num_logits)):
             cache = self._caches[seq]
             if cache.get_seq_length() + len(toks) > self.max_context:
@@ -82,10 +88,9 @@ class TorchRunner:
             out.append(logits.float().cpu())  # verification runs on the host, for either device
             if want:
                 hs = res.hidden_states  # [embeddings, input of layer 1, ..., the last layer's normed output]
-                f = torch.cat([hs[i] for i in self.features], -1) if self.features else hs[-1]  # [1, n, F]
+                f = torch.cat([hs[i] for i in layers], -1) if layers else hs[-1]  # [1, n, F]
                 feats.append(f[0].float().cpu())  # [n, F]
-        self.last_features = feats
-        return out
+        return Forward(out, feats)
 
     def _tree_inputs(self, past: int, parents: list[int]) -> dict:
         """attention_mask [1, 1, n, past + n] (True: attend) and position_ids [1, n] for a tree."""

@@ -3,7 +3,7 @@ verifies, each round, the one whose plan promises the most tokens per second, or
 
 Cheap members (n-gram, suffix) propose every round, since looking costs next to nothing: their
 summed call time is the round's drafting time. Members with a model (the draft model, the head)
-draft only when chosen, after the choice, for the D the plan gave (`dear`, `draft_many`); one that
+draft only when chosen, after the choice, for the D the plan gave (`modelled`, `draft_many`); one that
 sat out rounds first catches up on the tokens it has not seen, a cost the plan prices (its
 `pending`). A head receives the target's features of the steps that ask for them (`observe`): the
 rounds it drafts, a plain step when its plan would draft but it lacks the context's (`ready`), and
@@ -18,22 +18,23 @@ from draftwise.sampling import SamplingParams
 
 class AutoDrafter:
     name = "auto"
-    cheap = True  # proposed before the choice; its dear members after it (DraftPolicy.deferred)
+    cheap = True  # proposed before the choice; its members with a model after it (DrafterChoice.draft)
     runner = None
+    tree = False  # its members propose chains (build.AUTO_CHOICES)
 
     def __init__(self, members: dict[str, Drafter]):
         if not members:
             raise ValueError("drafter auto needs at least one drafter to choose from")
         self.members = members
         self.cheap_members = {n: d for n, d in members.items() if d.cheap}
-        self.dear = {n: d for n, d in members.items() if not d.cheap}
-        heads = [d for d in self.dear.values() if getattr(d, "features", None) is not None]
+        self.modelled = {n: d for n, d in members.items() if not d.cheap}
+        heads = [d for d in self.modelled.values() if d.features is not None]
         if len(heads) > 1:
             raise ValueError("drafter auto takes one head")
         self.head = heads[0] if heads else None
         self.features = self.head.features if self.head else None  # what the target must return
-        self.runners = [d.runner for d in self.dear.values()]  # whose sequences the scheduler counts
-        limits = [d.max_context for d in self.dear.values() if d.max_context is not None]
+        self.runners = tuple(d.runner for d in self.modelled.values())
+        limits = [d.max_context for d in self.modelled.values() if d.max_context is not None]
         self.max_context = min(limits) if limits else None
 
     def propose(self, seq_key: int, context: list[int], num_tokens: int, params: SamplingParams,
@@ -43,8 +44,8 @@ class AutoDrafter:
                                      for n, d in self.cheap_members.items()})
 
     def draft_many(self, name: str, items: list[tuple]) -> list[Proposal]:
-        """The chosen dear member's drafts (ModelDrafter.propose_many's items)."""
-        return self.dear[name].propose_many(items)
+        """The chosen member with a model's drafts (ModelDrafter.propose_many's items)."""
+        return self.modelled[name].propose_many(items)
 
     def observe(self, seq_key: int, start: int, feats: torch.Tensor) -> None:
         if self.head is not None:

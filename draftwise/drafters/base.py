@@ -22,7 +22,7 @@ class Proposal:
     # None: a chain. Nodes come best first (confidence non-increasing), so any head is a tree
     parents: list[int] | None = None
 
-    def head(self, d: int) -> Proposal:
+    def first(self, d: int) -> Proposal:
         """The first d tokens of this proposal, with their probabilities, confidences and parents."""
         if d == len(self.tokens):
             return self
@@ -88,6 +88,11 @@ class Drafter(Protocol):
     max_context: int | None  # most tokens the drafter can hold, None = unbounded
     cheap: bool
     runner: ModelRunner | None  # the draft model's runner; None for a cheap drafter
+    runners: tuple[ModelRunner, ...]  # every model runner it drafts with (auto: several); their slots bound the batch
+    tree: bool  # it proposes candidate trees: the target runner must verify trees
+    # the target features it drafts from (ModelRunner.forward_features' layers), which it takes
+    # with `observe`; None: it reads none
+    features: list[int] | None
 
     def propose(self, seq_key: int, context: list[int], num_tokens: int,
                 params: SamplingParams, generator: torch.Generator | None,
@@ -98,6 +103,8 @@ class Drafter(Protocol):
     def pending(self, seq_key: int, context: list[int]) -> int: ...
 
     def ready(self, seq_key: int, context: list[int]) -> bool: ...  # not cheap: see ModelDrafter
+
+    def observe(self, seq_key: int, start: int, feats: torch.Tensor) -> None: ...  # features only: [n, F]
 
     def isolate(self, seq_key: int) -> None: ...
 

@@ -48,7 +48,7 @@ class HeadDrafter(ModelDrafter):
 
     def __init__(self, runner: HeadRunner):
         super().__init__(runner)
-        self.features = runner.head.config.feature_layers  # what the target must return: see TorchRunner.features
+        self.features = runner.head.config.feature_layers  # what the target returns: ModelRunner.forward_features
         self._seqs: dict[int, _HeadSeq] = {}
 
     def observe(self, seq_key: int, start: int, feats: torch.Tensor) -> None:
@@ -65,7 +65,7 @@ class HeadDrafter(ModelDrafter):
         st = self._seqs.get(seq_key)
         if st is None or st.feats is None:
             raise RuntimeError("the head drafter has no target features for this request "
-                               "(the target runner must return them: runner.features)")
+                               "(the scheduler hands them over from forward_features)")
         L = len(context)
         known = min(st.fbase + len(st.feats), L - 1)  # positions < known have features
         if known < L - 1:

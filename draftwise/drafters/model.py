@@ -25,9 +25,11 @@ class ModelDrafter:
 
     name = "model"
     cheap = False
+    tree = False
+    features = None  # a head reads the target's (HeadDrafter)
 
     def __init__(self, runner: ModelRunner):
-        self.runner = runner
+        self.runner, self.runners = runner, (runner,)
         self.max_context = runner.max_context
         self._seqs: dict[int, _DraftSeq] = {}
 

@@ -39,7 +39,9 @@ class NgramDrafter:
     name = "ngram"
     max_context = None
     cheap = True
-    runner = None
+    runner, runners = None, ()
+    tree = False
+    features = None
 
     def __init__(self, min_n: int = 2, max_n: int = 4):
         if not 1 <= min_n <= max_n:

@@ -182,7 +182,8 @@ class SuffixDrafter:
     name = "suffix"
     max_context = None
     cheap = True
-    runner = None
+    runner, runners = None, ()
+    features = None
 
     def __init__(self, depth: int = 24, max_match: int = 12, min_match: int = 2, min_score: float = 0.1,
                  max_nodes: int = 200_000, share: bool = True, tree: bool = False):

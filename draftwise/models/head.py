@@ -9,7 +9,7 @@ position before it, and predicts x_{j+1}:
     out  = h + mlp(post_attention_layernorm(h))           # the next position's `hid` when drafting
     logits over the draft vocabulary = lm_head(norm(out)); draft id i is target id i + d2t[i]
 
-The target's feature is what draftwise's runners return with their logits (`runner.features`): the
+The target's feature is what draftwise's runners return with their logits (`forward_features`): the
 last layer's normed state (llama.cpp and torch), or on torch the concatenated inputs of chosen
 layers (EAGLE-3's low / middle / high). A checkpoint is a directory with `config.json` and
 `model.safetensors`: tensors `fc.weight`, `midlayer.*`, `norm.weight`, `d2t`, and `lm_head.weight`

@@ -15,8 +15,9 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from draftwise.request import Request
 from draftwise.sampling import SamplingParams
-from draftwise.scheduler import QueueFull, Request, Scheduler, ShuttingDown
+from draftwise.scheduler import Scheduler
 from draftwise.server import auth, errors
 from draftwise.server.errors import ApiError, error_json
 from draftwise.server.lifecycle import Lifecycle
@@ -25,6 +26,7 @@ from draftwise.server.load import ServeConfig
 from draftwise.server.metrics import ServerMetrics
 from draftwise.server.responses import Formatter, sse
 from draftwise.server.schemas import ChatCompletionRequest, CompletionRequest, ErrorResponse
+from draftwise.waiting import QueueFull, ShuttingDown
 
 _ERRORS = {code: {"model": ErrorResponse, "description": text} for code, text in (
     (400, "Invalid request"), (401, "Missing or wrong API key"), (413, "Body too large"), (429, "Queue full"),

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import uvicorn
 
+from draftwise.loop_thread import LoopThread
 from draftwise.scheduler import Scheduler
 from draftwise.server.errors import ApiError
 
@@ -32,6 +33,7 @@ class Lifecycle:
         self._build, self.stall_timeout = build, stall_timeout
         self.state = "loading"
         self.scheduler: Scheduler | None = None
+        self.loop: LoopThread | None = None  # the thread that runs the scheduler's steps
         self.tokenizers = None
         self.error: str | None = None
         self.on_failure: Callable[[], None] | None = None  # serve(): stop the server
@@ -48,12 +50,13 @@ class Lifecycle:
     def _load(self) -> None:
         try:
             sched, toks = self._build()
+            loop = LoopThread(sched)
             with self._lock:
                 if self.state != "loading":  # shut down while loading
-                    sched.close()
+                    loop.close()
                     return
-                sched.start()
-                self.scheduler, self.tokenizers, self.state = sched, toks, "ok"
+                loop.start()
+                self.scheduler, self.loop, self.tokenizers, self.state = sched, loop, toks, "ok"
         except BaseException as e:  # noqa: BLE001 - reported by /health and the exit status
             log.error("loading the model failed", exc_info=e)
             self.state, self.error = "failed", f"{type(e).__name__}: {e}"
@@ -78,8 +81,8 @@ class Lifecycle:
         body = {"status": self.state, "waiting": waiting, "running": running}
         if self.state != "ok":
             return 503, body
-        started = self.scheduler.step_started
-        if not self.scheduler.alive():
+        started = self.loop.step_started
+        if not self.loop.alive():
             return 503, body | {"status": "unhealthy", "reason": "the scheduler's loop thread has stopped"}
         if started is not None and time.monotonic() - started > self.stall_timeout:
             return 503, body | {"status": "unhealthy", "reason": f"one step has run for "
@@ -91,8 +94,8 @@ class Lifecycle:
         with self._lock:
             if self.state in ("loading", "ok"):
                 self.state = "draining"
-        if self.scheduler is not None:
-            done = self.scheduler.drain(timeout)
+        if self.loop is not None:
+            done = self.loop.drain(timeout)
             if not done:
                 log.warning("drain timeout (%g s): the requests still in flight were cancelled", timeout)
 
@@ -100,8 +103,8 @@ class Lifecycle:
         with self._lock:
             if self.state in ("loading", "ok"):
                 self.state = "draining"
-        if self.scheduler is not None:
-            self.scheduler.close()
+        if self.loop is not None:
+            self.loop.close()
         if self.tokenizers is not None:
             self.tokenizers.close()
 
