@@ -14,11 +14,9 @@ plain steps: the prompt or the skipped tokens).
     .venv/bin/python benchmarks/replay_planner.py results/suffix_editeval_llama \
         docs/data/profile_qwen2.5-coder-1.5b_llama_repacked_k33_epyc.json --drafter suffix
 
-`--margin M` replaces the planner's margin (default: draftwise.planner.planner_defaults for the
-curves);
-`--keep-margin M` the margin a caught-up draft model must keep beating plain by (default: the margin);
-`--set NAME=VALUE` (repeatable) any other numeric argument of draftwise.planner.Planner, e.g.
-`--set whole_z=0.75`;
+`--margin M` replaces the planner's margin (default: draftwise.draft_length.config_for for the
+curves); `--set NAME=VALUE` (repeatable) any other numeric field of
+draftwise.draft_length.PlannerConfig, e.g. `--set probe_max=1`;
 `--per-request` also prints each request: auto and D = 2 against plain, auto's rounds, plain steps,
 draft tokens proposed and accepted and catch-ups, and D = 2's rounds, proposed and accepted.
 """
@@ -33,7 +31,8 @@ import os
 from draftwise.costs import CostCurve
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter
-from draftwise.planner import Planner, planner_defaults
+from draftwise.draft_length import config_for
+from draftwise.planner import Planner
 from draftwise.profile import ProfileResult
 from draftwise.replay import replay, replay_cheap
 
@@ -81,7 +80,8 @@ def replay_run(traces: str, target_profile: str, draft_profile: str | None = Non
     vt, dt = curve(target_profile), (curve(draft_profile) if draft_profile else None)
     name = "model" if dt else drafter
     max_draft = 16 if dt else 32
-    planner = Planner(vt, dt, max_draft=max_draft, online=False, **{**planner_defaults(name, vt, dt, max_draft), **kw})
+    config = config_for(name, dt is None, max_draft)
+    planner = Planner(vt, dt, config, online=False, **kw)
     cols: tuple = (2, 4, 8) if dt else (2, 4, 8, "oracle")
     if dt:
         def run(tr, pl, fixed=0, i=0):
@@ -129,12 +129,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[list[str], dict]:
     ap.add_argument("draft_profile", nargs="?", help="without it, --drafter is replayed")
     ap.add_argument("--drafter", choices=sorted(CHEAP), default="ngram", help="without a draft profile")
     ap.add_argument("--margin", type=_number)
-    ap.add_argument("--keep-margin", type=_number)
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                    help="any other numeric argument of draftwise.planner.Planner")
+                    help="any other numeric field of draftwise.draft_length.PlannerConfig")
     ap.add_argument("--per-request", action="store_true")
     a = ap.parse_args(argv)
-    kw = {k: v for k, v in (("margin", a.margin), ("keep_margin", a.keep_margin)) if v is not None}
+    kw = {} if a.margin is None else {"margin": a.margin}
     for item in a.set:
         name, _, value = item.partition("=")
         kw[name] = _number(value)

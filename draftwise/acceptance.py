@@ -1,6 +1,6 @@
 """Acceptance estimates the planner (draftwise.planner) prices drafts with: per-position Beta
 posteriors that follow a request (Acceptance), the chance a token is accepted as a function of a
-probability (Calibration: the draft's own, or the target's top), and E[N](D) (expected_tokens)."""
+probability (Calibration: the draft's own, or the target's top)."""
 from __future__ import annotations
 
 import numpy as np
@@ -66,23 +66,11 @@ class Acceptance:
         self.seen[:n] += 1
         self.acc[:n] += p_accept
 
-    def lower(self, z: float = 1.0) -> np.ndarray:  # [max_pos]
-        """A cautious estimate, alpha - z standard deviations of the Beta posterior."""
-        a = self.alpha()
-        return np.maximum(a - z * np.sqrt(a * (1 - a) / (self.strength + self.seen + 1)), 0.0)
-
     def upper(self, z: float = 1.0) -> np.ndarray:  # [max_pos]
         """An optimistic estimate, alpha + z standard deviations of the Beta posterior: wide while
         a position has few observations, so a drafter that was never tried gets tried."""
         a = self.alpha()
         return np.minimum(a + z * np.sqrt(a * (1 - a) / (self.strength + self.seen + 1)), 1.0)
-
-    def relax(self, forget: float = 0.98) -> None:
-        """A step without any observation: let the estimate drift back toward the prior, slowly
-        (a request that stopped drafting probes again after tens of steps, not every few)."""
-        self._alpha = None
-        self.acc *= forget
-        self.seen *= forget
 
 
 class Calibration:
@@ -147,8 +135,3 @@ class Calibration:
             if c < hi and c * s <= 1.0:  # past c = 1 / scale the line is flat, below p
                 return c
         return 1.0 + p  # no token reaches it
-
-
-def expected_tokens(alpha: np.ndarray, d: int) -> float:
-    """E[N](d) = 1 + sum_{i<=d} prod_{j<=i} alpha_j: the recovered or bonus token plus accepted ones."""
-    return 1.0 + float(np.cumprod(alpha[:d]).sum()) if d > 0 else 1.0

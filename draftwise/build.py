@@ -16,7 +16,7 @@ from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
 from draftwise.models.load import default_backend, load_runner, load_tokenizer, torch_device
 from draftwise.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, resolve
-from draftwise.policy import make_policy
+from draftwise.policy_build import make_policy
 from draftwise.request import check_draft_len
 from draftwise.scheduler import Scheduler
 

@@ -5,17 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from draftwise.draft_length import DRIFT, MEASURE, toward
 from draftwise.profile import ProfileResult
-
-EMA = 0.1  # weight of one new timing observation in the online estimates
-DRIFT = 0.005  # per observation elsewhere on the curve, how far an unobserved point returns to the whole
-MEASURE = 2  # plain steps measured at a batch size before any request drafts at it (Planner.plan)
-
-
-def _toward(x: float, v: float) -> float:
-    """One EMA step of x toward v, v clamped to [x / 2, 2 x]: one stall moves an estimate by at
-    most EMA x its value."""
-    return x + EMA * (min(max(v, x / 2), 2 * x) - x)
 
 
 def is_plain(parts: list[tuple[int, int]], n_seqs: int) -> bool:
@@ -147,7 +138,7 @@ class CostCurve:
         if is_plain(parts, n):
             got = self._plain.setdefault(n, [seconds, 0])
             s = got[0]
-            got[0] = min(s, seconds) if got[1] < MEASURE else _toward(s, seconds)
+            got[0] = min(s, seconds) if got[1] < MEASURE else toward(s, seconds)
             got[1] += 1
         self.observe_parts(parts, seconds)
 
@@ -161,14 +152,14 @@ class CostCurve:
         (docs/planner.md, "Batches")."""
         if len(parts) > 1:
             ratio = seconds / self._parts_s(parts)
-            self.ragged = _toward(self.ragged, ratio)
+            self.ragged = toward(self.ragged, ratio)
             return
         ratio = seconds / sum(self.raw(k, b) for k, b in parts)
-        self.scale = _toward(self.scale, ratio)
+        self.scale = toward(self.scale, ratio)
         key = parts[0]
         if key[0] > 1:
-            self.multi = _toward(self._whole(key[0]), ratio)
-        self._k_scale[key] = _toward(self._k_scale.get(key, self._whole(key[0])), ratio)
+            self.multi = toward(self._whole(key[0]), ratio)
+        self._k_scale[key] = toward(self._k_scale.get(key, self._whole(key[0])), ratio)
         one, many = self._whole(1), self._whole(2)
         for other, t in self._k_scale.items():  # points no longer observed drift back to their kind's
             if other != key:  # whole, so a point the planner stopped using cannot stay stale

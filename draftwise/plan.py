@@ -56,14 +56,14 @@ def calibrate(planner: Planner, p: Pilot) -> None:
 def predict(planner: Planner, p: Pilot, max_tokens: int | None = None) -> dict[int, float]:
     """Predicted speedup over plain decoding for each fixed D in 0..pilot D (replay, above); with
     max_tokens, end to end for requests of that many tokens (the pilot's mean prefill included)."""
-    t1 = planner.verify(1) + planner.overhead_s
+    t1 = planner.target(1) + planner.overhead_s
     out = {}
     for d in range(0, p.max_draft + 1):
         tokens, time = float(p.plain_steps), p.plain_steps * t1
         for proposed, accepted in p.rounds:
             k = min(proposed, d)
             tokens += min(accepted, d) + 1
-            time += planner.draft_cost(k) + planner.verify(k + 1) + planner.overhead_s if k else t1
+            time += planner.draft_cost(k) + planner.target(k + 1) + planner.overhead_s if k else t1
         out[d] = (tokens / time) * t1 if time > 0 else 1.0
         if max_tokens is not None:  # prefill + max_tokens decode steps, plain vs at this rate
             out[d] = (p.prefill_s + max_tokens * t1) / (p.prefill_s + max_tokens * t1 / out[d])
@@ -145,7 +145,7 @@ def predict_fixed_k(plain: EndpointRun, pilot: EndpointRun, k: int) -> dict[int,
 def curves_text(planner: Planner, max_k: int = 17) -> str:
     lines = ["k   verify ms" + ("   draft ms" if planner.draft is not None else "")]
     for k in range(1, max_k + 1):
-        row = f"{k:<3} {1e3 * planner.verify(k):9.1f}"
+        row = f"{k:<3} {1e3 * planner.target(k):9.1f}"
         if planner.draft is not None:
             row += f"  {1e3 * planner.draft(k):9.1f}"
         lines.append(row)
@@ -182,7 +182,7 @@ def write_predictions(out_dir: Path, planner: Planner, pred: dict[int, float], p
     out_dir.mkdir(parents=True, exist_ok=True)
     best = max(pred, key=pred.get)
     doc = {"kind": "plan-prediction", "hardware": hardware(), **meta,
-           "curves_ms": {"verify": [1e3 * planner.verify(k) for k in range(1, 18)],
+           "curves_ms": {"verify": [1e3 * planner.target(k) for k in range(1, 18)],
                          "draft": [1e3 * planner.draft(k) for k in range(1, 18)] if planner.draft else None},
            "pilot": {"rounds": len(p.rounds), "plain_steps": p.plain_steps, "max_draft": p.max_draft},
            "predicted_speedup": {str(d): v for d, v in pred.items()}, "best_fixed_d": best}
@@ -212,7 +212,7 @@ def plan_here(spec, out: Path, workload: str, n: int | None, seed: int, max_toke
     from draftwise.bench import BenchConfig, run_bench, summarise
     from draftwise.bench.config import load_prompts
     from draftwise.build import build_engine, load_drafter
-    from draftwise.policy import make_planner
+    from draftwise.policy_build import make_planner
 
     pilot_d = spec.num_draft_tokens
     spec_engine, runner, tok = build_engine(spec)

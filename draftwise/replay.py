@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from draftwise.drafters.base import Proposal, common_prefix
-from draftwise.planner import Planner
+from draftwise.planner import Planner, RoundRecord
 from draftwise.policy import shadow_tree, tree_steps
 from draftwise.sampling import SamplingParams
 
@@ -25,15 +25,15 @@ GREEDY = SamplingParams()
 def replay(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128) -> tuple[float, dict]:
     """Seconds to emit the trace's tokens (target prefill included), and counts."""
     out, n, L0 = tr["tokens"], len(tr["tokens"]), tr["prompt_tokens"]
-    secs = planner.verify.raw(L0)
+    secs = planner.target.raw(L0)
     t, fed = 1, 0  # tokens emitted (the first by the prefill); context tokens in the draft KV
-    req = planner.open_request(max_tokens) if not fixed else None  # as the engine's
+    req = planner.new_request(max_tokens - 1) if not fixed else None  # as the engine's
     c = defaultdict(int)
     while t < n:
         L, room = L0 + t, n - t - 1
         behind = L - fed
         if req is not None:
-            plan = planner.plan(req, available=room, behind=behind)
+            plan = planner.decide(req, available=room, unseen=behind)
             d, stop = plan.d, plan.stop
         else:
             d, stop, plan = min(fixed, room), None, None
@@ -51,13 +51,13 @@ def replay(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128) ->
                 break
         a = common_prefix(toks, out[t:])
         draft_s = planner.draft.raw(behind) + (forwards - 1) * planner.draft.raw(1) if forwards else 0.0
-        round_s = draft_s + planner.verify.raw(len(toks) + 1)
+        round_s = draft_s + planner.target.raw(len(toks) + 1)
         emitted = min(a + 1, n - t)
         if forwards:
             fed = L + min(a, len(toks) - (0 if dropped else 1))
         if req is not None:
             top = tr["target_top"][t:t + max(min(a + 1, len(toks)), 1)]
-            planner.commit(req, plan, len(toks), a, emitted, confs if stop else None, stop_conf, round_s, top)
+            planner.learn(req, plan, RoundRecord(len(toks), a, emitted, confs if stop else None, stop_conf, round_s, top))
         secs += round_s
         c["rounds" if toks else "plain"] += 1
         c["proposed"] += len(toks)
@@ -65,7 +65,7 @@ def replay(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128) ->
         c["catch_up"] += behind > 2 and forwards > 0  # more than a fully accepted round leaves
         t += emitted
     if req is not None:
-        planner.close_request(req, n)
+        planner.finish(req, n - 1)
     return secs, dict(c)
 
 
@@ -82,8 +82,8 @@ def replay_cheap(tr: dict, planner: Planner, drafter, fixed: int = 0, max_tokens
     any sizing of these proposals could gain."""
     out, n, L0 = tr["tokens"], len(tr["tokens"]), tr["prompt_tokens"]
     ctx = tr["prompt_ids"] + out
-    secs, t, c = planner.verify.raw(L0), 1, defaultdict(int)
-    req = planner.open_request(max_tokens) if not fixed and not oracle else None
+    secs, t, c = planner.target.raw(L0), 1, defaultdict(int)
+    req = planner.new_request(max_tokens - 1) if not fixed and not oracle else None
     while t < n:
         room = n - t - 1
         want = min(fixed, room) if fixed else min(planner.max_draft, room)
@@ -92,21 +92,21 @@ def replay_cheap(tr: dict, planner: Planner, drafter, fixed: int = 0, max_tokens
         plan = None
         if req is not None:  # a tree's nodes priced as the engine's policy prices them
             node_p = planner.node_chances(req, prop.parents, tree_steps(prop)) if tree else None
-            plan = planner.plan(req, available=len(prop.tokens), node_p=node_p)
-        sub = prop.head(plan.d if plan is not None else len(prop.tokens))
+            plan = planner.decide(req, available=len(prop.tokens), node_p=node_p)
+        sub = prop.first(plan.d if plan is not None else len(prop.tokens))
         path = _path(sub, out, t)
         a = len(path)
         if oracle:
-            sub = prop.head(0) if not path else Proposal([prop.tokens[i] for i in path])
+            sub = prop.first(0) if not path else Proposal([prop.tokens[i] for i in path])
         toks = sub.tokens
         emitted = min(a + 1, n - t)
-        round_s = planner.draft_call_s + planner.verify.raw(len(toks) + 1)  # it proposes every step
+        round_s = planner.draft_call_s + planner.target.raw(len(toks) + 1)  # it proposes every step
         if req is not None and tree and toks:
-            planner.commit(req, plan, len(toks), a, emitted, tree_steps(sub), round_s=round_s, path=path,
-                           parents=sub.parents)
+            planner.learn(req, plan, RoundRecord(len(toks), a, emitted, tree_steps(sub), seconds=round_s, path=path,
+                                                 parents=sub.parents))
         elif req is not None:
             conf = prop.confidence[:len(toks)] if prop.confidence and toks else None
-            planner.commit(req, plan, len(toks), a, emitted, conf, round_s=round_s)
+            planner.learn(req, plan, RoundRecord(len(toks), a, emitted, conf, seconds=round_s))
         if req is not None and prop.tokens and not toks:  # the unverified first token(s) against the plain step's
             planner.shadow(req, float(prop.tokens[0] == out[t]))
             if tree:
@@ -118,7 +118,7 @@ def replay_cheap(tr: dict, planner: Planner, drafter, fixed: int = 0, max_tokens
         t += emitted
     drafter.release(key, ctx)  # the whole output, as the engine releases it
     if req is not None:
-        planner.close_request(req, n)
+        planner.finish(req, n - 1)
     return secs, dict(c)
 
 

@@ -9,17 +9,17 @@ from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
-from draftwise.planner import Batch, Planner
-from draftwise.policy import DrafterChoice, FixedDraftLength
+from draftwise.catch_up import CatchUp
+from draftwise.planner import Planner
+from draftwise.policy import DrafterChoice
 from draftwise.sampling import SamplingParams
-from fakes import CharTokenizer, CycleRunner
+from fakes import CharTokenizer, CheapDrafter, CycleRunner
 
 PROMPT = [0, 1, 2, 3, 4, 0, 1]  # CycleRunner continues t -> (t + 1) % 5
 
 
-class Fixed:
+class Fixed(CheapDrafter):
     """A cheap drafter that always proposes `tokens` (cut to the number asked)."""
-    max_context, cheap, runner = None, True, None
 
     def __init__(self, name, tokens):
         self.name, self.tokens, self.calls = name, tokens, 0
@@ -27,15 +27,6 @@ class Fixed:
     def propose(self, key, ctx, n, params, gen, stop=None):
         self.calls += 1
         return Proposal(self.tokens[:n])
-
-    def pending(self, key, ctx):
-        return 0
-
-    def isolate(self, key):
-        pass
-
-    def release(self, key, context=None):
-        pass
 
     def memory_nodes(self):
         return 7
@@ -59,7 +50,7 @@ def test_auto_drafter_proposes_from_every_cheap_member_and_leaves_a_model_for_la
     d = AutoDrafter({"a": Fixed("a", [1, 2, 3]), "b": Fixed("b", [4]), "model": model})
     p = d.propose(0, [0], 2, SamplingParams(), None)
     assert p.tokens == [] and {n: q.tokens for n, q in p.options.items()} == {"a": [1, 2], "b": [4]}
-    assert d.memory_nodes() == 14 and d.dear == {"model": model} and d.runners == [model.runner]
+    assert d.memory_nodes() == 14 and d.modelled == {"model": model} and d.runners == (model.runner,)
     assert model.runner.forwards == []  # a member with a model drafts only when chosen (draft_many)
     assert d.draft_many("model", [(0, [0, 1], 3, SamplingParams(), None)])[0].tokens == [2, 3, 4]
     with pytest.raises(ValueError, match="at least one"):
@@ -151,8 +142,9 @@ def test_a_model_that_sat_out_catches_up_when_the_choice_moves_to_it():
     """A free cheap member is right for the first half; the draft model (a step 2 ms, believed
     right 9 times in 10) is right throughout. Where the free member is right it is chosen, and
     the model, when chosen again, first catches up on everything it did not see (the plan prices
-    that as `behind`); once the free member is wrong (and the request's rate without the model has
-    fallen below what the model promises, catch-up included) the model is chosen to the end."""
+    that as `unseen`); once the free member is wrong (and the request's rate without the model has
+    fallen below what the model promises, catch-up included) the model is chosen (but for the
+    last few tokens, where a short round of the free member may promise more)."""
     a, a_late = Cycle("a", []), Fixed("a", [9] * 8)
 
     class Switch(Fixed):  # right early, wrong late
@@ -165,11 +157,9 @@ def test_a_model_that_sat_out_catches_up_when_the_choice_moves_to_it():
                policy=choice_with_model(["a"], model, 2.0, prior=0.9)).generate(PROMPT, max_tokens=60)
     assert r.token_ids == plain.token_ids
     chosen = [p.drafter for p in r.plans]
-    last_a = max(i for i, c in enumerate(chosen) if c == "a")
-    tail = chosen[last_a + 1:-1]  # the last step emits the last token alone: a plain step
-    assert len(tail) >= 3 and set(tail) == {"model"}
     back = [i for i in range(1, len(chosen)) if chosen[i] == "model" and chosen[i - 1] == "a"]
     assert back  # the choice moved back to the model after rounds of the free member
+    assert chosen[back[-1]:back[-1] + 3] == ["model"] * 3  # and stays on it (the last tokens aside)
     # drafting round after round it catches up on its last round's bonus token and one more; after
     # sitting out, on every token emitted meanwhile
     assert all(r.plans[i].behind > 2 for i in back)
@@ -199,22 +189,25 @@ def test_a_models_catch_up_must_beat_the_rate_the_request_goes_at_not_a_plain_st
     promises more (6.1 tokens per 18 ms at D = 8: 3.0 ms a token), and against plain decoding
     (10 ms a token) its catch-up repays over the request's 60 tokens (~420 ms saved); against the
     3.7 ms a token the request has measured with the cheap member it does not (~40 ms), so the
-    model is never chosen (here after a cap of three looks; without the cap the cheap member's
+    model is never chosen (here after three looks; with CatchUp.looks as it is, the cheap member's
     rounds forgo ~2 ms each, so the request never stops looking)."""
     prompt = [i % 5 for i in range(200)]
     curve = CostCurve({1: [10.0 + 0.5 * k for k in range(17)]})
     draft = CostCurve({1: [0.5 * k for k in range(1, 18)]})  # k tokens: 0.5 k ms (linear past 17)
 
-    def run(base_rate_seen: bool, look_first: int | None = 3):
+    def run(base_rate_seen: bool, looks: bool = False):
         model = ModelDrafter(CycleRunner())
         planners = {"two": Planner(curve, None, prior=0.9, max_draft=8, online=False),
-                    "model": Planner(curve, draft, prior=0.9, max_draft=8, online=False, look_first=look_first)}
+                    "model": Planner(curve, draft, prior=0.9, max_draft=8, online=False)}
         pol = DrafterChoice(planners, {"model": model})
         if not base_rate_seen:  # the rule before: a catch-up counted against a plain step
-            plan = planners["model"].plan
-            planners["model"].plan = lambda *a, base_rate=None, **k: plan(*a, **k)
-        return Engine(CycleRunner(), CharTokenizer(), AutoDrafter({"two": Two("two", []), "model": model}), "auto",
-                      policy=pol).generate(prompt, max_tokens=60)
+            decide = planners["model"].decide
+            planners["model"].decide = lambda *a, base_rate=None, **k: decide(*a, **k)
+        with pytest.MonkeyPatch.context() as mp:
+            if not looks:  # three looks at most, then the catch-up's own rule decides
+                mp.setattr(CatchUp, "looks", staticmethod(lambda req, *a: len(req.drafts) < 3))
+            return Engine(CycleRunner(), CharTokenizer(), AutoDrafter({"two": Two("two", []), "model": model}),
+                          "auto", policy=pol).generate(prompt, max_tokens=60)
 
     class Two(Cycle):
         def propose(self, key, ctx, n, params, gen, stop=None):
@@ -225,11 +218,11 @@ def test_a_models_catch_up_must_beat_the_rate_the_request_goes_at_not_a_plain_st
     assert r.token_ids == plain.token_ids
     assert {p.drafter for p in r.plans} == {"two"}
     assert "model" in {p.drafter for p in run(False).plans}  # against a plain step it would switch
-    assert {p.drafter for p in run(False, look_first=None).plans} == {"two"}  # it looks throughout
+    assert {p.drafter for p in run(False, looks=True).plans} == {"two"}  # it looks throughout
 
 
-def test_a_models_prompt_catch_up_waits_until_the_saving_forgone_reaches_its_cost():
-    """Rent or buy (Planner._looks): a 200-token prompt the draft model catches up on at 0.5 ms a
+def test_a_models_prompt_catch_up_waits_until_the_saving_forgone_reaches_its_cost(monkeypatch):
+    """Rent or buy (CatchUp.looks): a 200-token prompt the draft model catches up on at 0.5 ms a
     token (~100 ms, ten plain steps), next to a cheap member that is always wrong (a round of
     ~11 ms that emits one token). The model, believed right 9 times in 10 (~3 ms a token), is not
     chosen while the seconds it would have saved on the cheap member's rounds so far (each
@@ -240,20 +233,22 @@ def test_a_models_prompt_catch_up_waits_until_the_saving_forgone_reaches_its_cos
     draft = CostCurve({1: [0.5 * k for k in range(1, 18)]})  # k tokens: 0.5 k ms (linear past 17)
     looked = []
 
-    class Looking(Planner):
-        def _looks(self, req, catch_up, r_plain):
-            looks = super()._looks(req, catch_up, r_plain)
-            looked.append((req.forgone_s, 1 / r_plain - 1 / req.model_rate, catch_up, looks))
-            return looks
+    looks = CatchUp.looks
+
+    def looking(req, catch_up, r_plain):
+        out = looks(req, catch_up, r_plain)
+        looked.append((req.forgone_s, 1 / r_plain - 1 / req.model_rate, catch_up, out))
+        return out
+    monkeypatch.setattr(CatchUp, "looks", staticmethod(looking))
     model = ModelDrafter(CycleRunner())
     planners = {"wrong": Planner(curve, None, prior=0.6, max_draft=8, online=False),
-                "model": Looking(curve, draft, prior=0.9, max_draft=8, online=False)}
+                "model": Planner(curve, draft, prior=0.9, max_draft=8, online=False)}
     r = Engine(CycleRunner(), CharTokenizer(), AutoDrafter({"wrong": Fixed("wrong", [9] * 8), "model": model}),
                "auto", policy=DrafterChoice(planners, {"model": model})).generate(prompt, max_tokens=60)
     assert r.token_ids == Engine(CycleRunner(), CharTokenizer()).generate(prompt, max_tokens=60).token_ids
     chosen = [p.drafter for p in r.plans]
     i = chosen.index("model")
-    assert set(chosen[:i]) == {"wrong"} and set(chosen[i:-1]) == {"model"}
+    assert set(chosen[:i]) <= {"wrong", "none"} and set(chosen[i:-1]) == {"model"}
     assert [looks for *_, looks in looked] == [True] * i + [False]  # looked, then bought
     for forgone, step, catch_up, looks in looked:
         assert 0.005 < step < 0.008  # s: a 10 ms step less the model's ~3 ms a token
@@ -264,13 +259,9 @@ def test_a_models_prompt_catch_up_waits_until_the_saving_forgone_reaches_its_cos
 
 
 def test_fixed_d_with_auto_drafter_takes_the_longest_proposal():
-    pol = FixedDraftLength(3)
-    cand = Proposal([], options={"a": Proposal([1]), "b": Proposal([4, 5, 6, 7])})
-
-    class St:
-        class req:
-            num_draft_tokens = None
-    assert pol.select(St, Batch.of(1), cand).tokens == [4, 5, 6]
+    short, long = Fixed("a", [1]), Cycle("b", [])
+    r = Engine(CycleRunner(), CharTokenizer(), AutoDrafter({"a": short, "b": long}), 3).generate(PROMPT, max_tokens=20)
+    assert {p for _, p, *_ in r.rounds[:-1]} == {3} and r.stats.accepted_draft_tokens >= 12
 
 
 def test_sampling_through_auto_is_seeded_and_within_the_vocabulary():

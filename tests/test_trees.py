@@ -10,7 +10,7 @@ from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
 from draftwise.planner import Planner
 from draftwise.sampling import SamplingParams
-from fakes import CharTokenizer, CycleRunner
+from fakes import CharTokenizer, CheapDrafter, CycleRunner
 
 G = SamplingParams()
 K = 17
@@ -22,7 +22,7 @@ def test_best_first_tree_with_scores_and_parents():
     p = d.propose(1, [1, 2, 3, 9, 1, 2, 4, 1, 2, 3, 9, 8, 1, 2], 4, G, None)
     assert p.tokens == [3, 9, 4, 1] and p.parents == [-1, 0, -1, 1]
     assert p.confidence == pytest.approx([2 / 3, 2 / 3, 1 / 3, 1 / 3])
-    assert p.is_tree and p.head(2).parents == [-1, 0] and not p.head(2).is_tree
+    assert p.is_tree and p.first(2).parents == [-1, 0] and not p.first(2).is_tree
     d.min_score = 0.5
     assert d.propose(1, [1, 2, 3, 9, 1, 2, 4, 1, 2, 3, 9, 8, 1, 2], 4, G, None).tokens == [3, 9]
     assert SuffixDrafter(tree=True).name == "suffix-tree"
@@ -61,10 +61,10 @@ def test_planner_sizes_a_tree_by_its_nodes_chances_and_the_verify_curve():
     pl = _planner(per_token_ms=2.0)  # each node costs 0.2 of a plain step
     req = pl.new_request(100)
     # (1 + 0.9 + 0.5) / 1.4 beats (1 + 0.9) / 1.2 and (1 + 0.9 + 0.5 + 0.1) / 1.6: two nodes
-    assert pl.plan(req, available=3, node_p=np.array([0.9, 0.5, 0.1])).d == 2
-    assert pl.plan(req, available=3, node_p=np.array([0.15, 0.1, 0.05])).d == 0  # none pays: plain
+    assert pl.decide(req, available=3, node_p=np.array([0.9, 0.5, 0.1])).d == 2
+    assert pl.decide(req, available=3, node_p=np.array([0.15, 0.1, 0.05])).d == 0  # none pays: plain
     pl = _planner(per_token_ms=0.2)  # nearly free nodes: verify them all
-    assert pl.plan(pl.new_request(100), available=3, node_p=np.array([0.9, 0.5, 0.1])).d == 3
+    assert pl.decide(pl.new_request(100), available=3, node_p=np.array([0.9, 0.5, 0.1])).d == 3
 
 
 def test_tree_calibration_learns_each_nodes_chance_from_verified_trees():
@@ -110,12 +110,12 @@ PROMPT = [9, 0, 1, 2, 5, 8, 0, 1, 2, 3, 7, 0, 1]
 @pytest.mark.parametrize("d", [6, "auto"])
 def test_tree_decoding_is_plain_decoding(params, d, monkeypatch):
     if d == "auto":  # the planner's curve, without profiling the fake runner
-        import draftwise.policy as policy
-        monkeypatch.setattr(policy, "make_planner", lambda runner, drafter, **kw: _planner(1.0))
+        import draftwise.policy_build as policy_build
+        monkeypatch.setattr(policy_build, "make_planner", lambda runner, drafter, **kw: _planner(1.0))
     runner = TreeCounter(period=7)
     kw = dict(max_tokens=40, temperature=params.temperature, seed=params.seed)
     plain = Engine(runner, CharTokenizer()).generate(PROMPT, **kw)
-    from draftwise.policy import make_policy
+    from draftwise.policy_build import make_policy
     drafter = SuffixDrafter(tree=True)
     eng = Engine(runner, CharTokenizer(), drafter, d, policy=make_policy(d, runner, drafter))
     spec = eng.generate(PROMPT, **kw)
@@ -133,7 +133,7 @@ def test_a_backend_without_trees_is_refused_by_name():
 
 def test_proposal_head_of_a_tree_is_a_tree():
     p = Proposal([1, 2, 3], confidence=[0.9, 0.5, 0.4], parents=[-1, -1, 0])
-    assert p.head(2).parents == [-1, -1] and p.head(2).is_tree
+    assert p.first(2).parents == [-1, -1] and p.first(2).is_tree
     assert not Proposal([1, 2], parents=[-1, 0]).is_tree
 
 
@@ -176,7 +176,7 @@ def test_torch_greedy_tree_decoding_equals_plain(smol):
 
 
 def test_a_nodes_step_and_what_a_tree_round_teaches():
-    from draftwise.planner import Plan
+    from draftwise.planner import Decision, RoundRecord
     from draftwise.policy import tree_steps
     p = Proposal([3, 9, 4, 1], confidence=[2 / 3, 2 / 3, 1 / 3, 1 / 6], parents=[-1, 0, -1, 1])
     assert tree_steps(p) == pytest.approx([2 / 3, 1.0, 1 / 3, 0.25])
@@ -184,26 +184,22 @@ def test_a_nodes_step_and_what_a_tree_round_teaches():
     req = pl.new_request(100)
     first, deep = pl.tree_calib
     # path [2]: node 0 rejected, so its child 1 (and 1's child 3) were never reached: not observed
-    pl.commit(req, Plan(4, 1.0, 1.0), 4, 1, 2, tree_steps(p), path=[2], parents=p.parents)
+    pl.learn(req, Decision(4, 1.0, 1.0), RoundRecord(4, 1, 2, tree_steps(p), path=[2], parents=p.parents))
     assert first.n.sum() == pytest.approx(2.0) and deep.n.sum() == 0  # nodes 0 and 2, the root's children
     assert first.acc[first._bin_of(1 / 3)] == pytest.approx(1.0) and first.acc.sum() == pytest.approx(1.0)
-    pl.commit(req, Plan(4, 1.0, 1.0), 4, 2, 3, tree_steps(p), path=[0, 1], parents=p.parents)
+    pl.learn(req, Decision(4, 1.0, 1.0), RoundRecord(4, 2, 3, tree_steps(p), path=[0, 1], parents=p.parents))
     assert deep.n.sum() == pytest.approx(2.0) and deep.acc.sum() == pytest.approx(1.0)  # node 1 yes, node 3 no
 
 
-class SiblingsDrafter:
+class SiblingsDrafter(CheapDrafter):
     """Proposes the next token and a wrong sibling of it, both children of the context's end."""
-    name, cheap, runner, max_context = "siblings", True, None, None
+    name, tree = "siblings", True
 
     def propose(self, seq_key, context, num_tokens, params, generator, stop=None):
         nxt = (context[-1] + 1) % 7
         return Proposal([nxt, (nxt + 3) % 7][:num_tokens], confidence=[0.6, 0.4][:num_tokens],
                         parents=[-1, -1][:num_tokens])
 
-    def pending(self, seq_key, context): return 0
-    def isolate(self, seq_key): ...
-    def release(self, seq_key, context=None): ...
-    def memory_nodes(self): return 0
 
 
 def test_a_path_ending_at_a_leaf_is_a_bonus_not_a_rejection():

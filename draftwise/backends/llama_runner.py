@@ -16,18 +16,8 @@ was split into forwards of up to ~48 tokens (on Qwen2.5-1.5B Q4_K_M one 16-token
 another kernel path and differ in the low bits. With flash attention off, one-token forwards drift
 from batched ones after a few tokens, enough to flip greedy choices.
 
-Candidate trees (`trees=True`): the KV is one unified stream, where a cell may belong to several
-sequence ids. Each leaf of a tree gets a branch sequence id that first shares the request's cells
-(llama_memory_seq_cp, bookkeeping only); each new token carries the ids of the leaves below it and
-sits at position length + its depth, so llama.cpp's mask (same sequence id, position not after the
-token's) lets it see its ancestors only. `keep` copies the accepted path's cells from a branch to
-the request's id and hands every branch's cells to the request's graveyard id, freed with the
-request: a freed cell before a sequence's newer ones would take its next token, and llama.cpp's
-CPU flash attention then computes otherwise (measured on SmolLM2: a token written into such a
-hole got logits 0.7 away from the same token appended; bit-identical with flash attention off,
-which drifts in other ways). For the same reason a runner with trees holds one sequence at a
-time (another's freed cells would be such holes), and twice n_ctx cells, the rest for rejected
-branches.
+Candidate trees (`trees=True`): one unified KV stream, each leaf a branch sequence id
+(draftwise.backends.llama_trees).
 """
 from __future__ import annotations
 
@@ -38,39 +28,10 @@ import llama_cpp as _ll
 import numpy as np
 import torch
 
-from draftwise.backends.base import Forward, KVState, check_forward_args, equal_split_parts, padded_parts, tree_layout
-from draftwise.machine import cpu_flags, physical_cores
-
-_LOG_CALLBACK = None  # must outlive every llama.cpp call: C keeps the bare pointer
-_BACKEND_READY = False
-
-
-def _init_backend() -> None:
-    """Silence llama.cpp's stderr chatter (unless DRAFTWISE_LLAMA_VERBOSE=1), once per process."""
-    global _LOG_CALLBACK, _BACKEND_READY
-    if _BACKEND_READY:
-        return
-    if os.environ.get("DRAFTWISE_LLAMA_VERBOSE") == "1":
-        _ll.llama_log_set(ctypes.cast(None, _ll.llama_log_callback), None)  # NULL: its stderr logger
-    else:
-        _LOG_CALLBACK = _ll.llama_log_callback(lambda level, text, user_data: None)
-        _ll.llama_log_set(_LOG_CALLBACK, None)
-    _ll.llama_backend_init()
-    _BACKEND_READY = True
-
-
-def _amx_would_crash() -> bool:
-    """True when this llama.cpp build has AMX kernels and the CPU advertises AMX: in the Firecracker
-    VMs seen here that combination segfaults on any multi-token batch (ggml_backend_amx_mul_mat).
-    scripts/setup.sh builds without AMX on such CPUs, which keeps the repacked-weight kernels."""
-    return b"AMX" in _ll.llama_print_system_info() and "amx_tile" in cpu_flags()
-
-
-GRAVEYARD = 1  # trees: the sequence id holding rejected branches' cells until the sequence is freed
-# branch sequence ids for a tree's leaves. The suffix drafter's leaves are an antichain of scores
-# >= min_score summing to <= 1: at most 10 at its default 0.1
-MAX_LEAVES = 16
-
+from draftwise.backends.base import Forward, KVState, check_forward_args, equal_split_parts, padded_parts
+from draftwise.backends.llama_setup import amx_would_crash, gguf_embedding_tables, init_backend, llama_tokenize
+from draftwise.backends.llama_trees import GRAVEYARD, MAX_LEAVES, Tree
+from draftwise.machine import physical_cores
 
 class LlamaRunner:
     backend = "llama.cpp"
@@ -91,7 +52,7 @@ class LlamaRunner:
         self.model_path = str(model_path)
         if not os.path.isfile(self.model_path):
             raise FileNotFoundError(f"GGUF file {self.model_path} does not exist")
-        _init_backend()
+        init_backend()
         mp = _ll.llama_model_default_params()
         # Extra buffer types (repacked weights, AMX) are off by default: their multi-token kernels
         # round differently from the one-token ones, so greedy speculative output diverged from plain
@@ -99,7 +60,7 @@ class LlamaRunner:
         # without them that held on SmolLM2 and on 19 of 20 Qwen runs (one near-tie remains with
         # 16-token forwards). They decode ~1.4x faster here: extra_bufts=True trades exactness for
         # speed (never where AMX crashes).
-        mp.use_extra_bufts = bool(extra_bufts) and not _amx_would_crash()
+        mp.use_extra_bufts = bool(extra_bufts) and not amx_would_crash()
         self.fast_kernels = bool(mp.use_extra_bufts)
         self._model = _ll.llama_model_load_from_file(self.model_path.encode(), mp)
         if not self._model:
@@ -150,7 +111,7 @@ class LlamaRunner:
         self._lengths: dict[int, int] = {}  # live sequence id -> tokens in its KV
         self._free_ids = list(range(self.n_seq_max - 1, -1, -1))  # pop() hands out the lowest id
         self._branch_ids = list(range(n_ids - 1, 1, -1))  # trees: ids for the leaves (1: the graveyard)
-        self._pending: dict[int, _Tree] = {}  # sequence -> the tree its last forward fed
+        self._pending: dict[int, Tree] = {}  # sequence -> the tree its last forward fed
         # the sequence's length at its first tree since the graveyard was emptied: a truncation to
         # at most this frees the graveyard too (its cells all come after the ones kept); a deeper
         # one leaves it, since a rejected branch may sit before a kept cell
@@ -293,7 +254,7 @@ class LlamaRunner:
         for off, n, k in zip(offsets, counts, num_logits):
             want[off + n - k: off + n] = 1
         ids: dict[int, list[int]] = {}  # batch index -> every sequence id of a tree's token
-        trees = {s: _Tree.of(p) for s, p in zip(seq_ids, parents or []) if p}
+        trees = {s: Tree.of(p) for s, p in zip(seq_ids, parents or []) if p}
         for i, (s, t) in enumerate(trees.items()):
             off, start = int(offsets[seq_ids.index(s)]), starts[seq_ids.index(s)]
             t.assign(self._branch_ids, self._mem, s)
@@ -369,30 +330,14 @@ class LlamaRunner:
                          for i in idx])  # np.stack copies
 
     def embedding_tables(self):
-        """(input embedding [V, H], rows(ids) -> the LM head's rows [len(ids), H]) as float32,
-        dequantised from the GGUF file (the `gguf` package transformers' GGUF loader uses)."""
-        import gguf
-        from gguf.quants import dequantize
-
-        tensors = {t.name: t for t in gguf.GGUFReader(self.model_path).tensors}
-        emb = torch.from_numpy(dequantize(tensors["token_embd.weight"].data, tensors["token_embd.weight"].tensor_type))
-        out = tensors.get("output.weight")  # absent: tied to the embedding
-        lm = emb if out is None else torch.from_numpy(dequantize(out.data, out.tensor_type))
-        return emb.reshape(self.vocab_size, -1).float(), lambda ids: lm.reshape(self.vocab_size, -1)[ids].float()
+        """(input embedding [V, H], rows(ids) -> the LM head's rows [len(ids), H]) as float32."""
+        return gguf_embedding_tables(self.model_path, self.vocab_size)
 
     # --- extras ----------------------------------------------------------------------------
 
     def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
         """llama.cpp's own tokenizer (the engine uses the transformers one; tests compare the two)."""
-        data = text.encode("utf-8")
-        cap = len(data) + 16
-        for _ in range(2):
-            buf = (_ll.llama_token * cap)()
-            n = _ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
-            if n >= 0:
-                return list(buf[:n])
-            cap = -n  # too small: llama.cpp says how many it needs
-        raise RuntimeError(f"llama_tokenize failed on {len(data)} bytes")
+        return llama_tokenize(self._vocab, text, add_special, parse_special)
 
     def kv_bytes(self) -> int:
         """Bytes of KV state held by live sequences (llama.cpp's per-sequence state size: the K and V
@@ -440,33 +385,3 @@ class LlamaRunner:
         except Exception:  # interpreter shutdown may have torn down ctypes or the module already
             pass
 
-
-class _Tree:
-    """A fed candidate tree: per fed token its parent, depth and the leaves below it; the leaves'
-    branch sequence ids once assigned."""
-
-    def __init__(self, parents: list[int]):
-        self.parents = parents
-        self.depth, sees = tree_layout(parents)
-        inner = set(parents)
-        leaves = [j for j in range(len(parents)) if j not in inner]
-        self.below: list[list[int]] = [[] for _ in parents]  # [n] the leaves under each node
-        for x in leaves:
-            for j in sees[x]:
-                self.below[j].append(x)
-        self.leaf_ids: dict[int, int] = {}
-
-    @classmethod
-    def of(cls, parents: list[int]) -> _Tree:
-        if sum(p < 0 for p in parents) != 1 or parents[0] != -1:
-            raise ValueError("a fed tree has one root, its first token")
-        t = cls(parents)
-        if len(t.below[0]) > MAX_LEAVES:
-            raise ValueError(f"a tree of {len(t.below[0])} leaves: at most {MAX_LEAVES}")
-        return t
-
-    def assign(self, free: list[int], mem, seq: int) -> None:
-        """A branch id per leaf, each sharing every cell of `seq` (bookkeeping in a unified KV)."""
-        for x in self.below[0]:
-            self.leaf_ids[x] = b = free.pop()
-            _ll.llama_memory_seq_cp(mem, seq, b, -1, -1)

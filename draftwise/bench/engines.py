@@ -36,7 +36,7 @@ def build_engines(cfg: BenchConfig) -> dict[str, Engine]:
     """Load the target once, and the draft model once if any configuration drafts with it, through
     the one loading path (draftwise.build), so backends, kernels and the vocabulary check are the CLI's."""
     from draftwise.build import load_drafter, load_shared, load_target
-    from draftwise.policy import make_policy
+    from draftwise.policy_build import make_policy
 
     spec = cfg.engine_spec()
     runner, tok = load_target(spec)
