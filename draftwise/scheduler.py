@@ -8,6 +8,7 @@ All requests in flight share one target forward per step; requests join and leav
              `auto`), then the drafter (a draft model: every request's draft in lockstep)
     verify:  ONE target forward over all running sequences, each fed [last] + its draft;
              greedy_verify / rejection_sample per sequence; truncate each rejected tail
+             (draftwise.verifier)
     commit:  stops, stats, a Chunk to the request; finished requests free their KV state
 
 `step()` runs one such step in the caller's thread: `draftwise.engine.Engine` calls it for one
@@ -67,11 +68,12 @@ class Drafted(NamedTuple):
 class Scheduler:
     """`policy` picks D (default: plain decoding); `sampler` and `tree_sampler` are the acceptance
     rules for chains and candidate trees at temperature > 0 (swappable only so that `draftwise
-    verify` can show it catches a wrong one). With
-    `reuse_prefix` and `prompt_cache_bytes` > 0, prompts' KV is kept for later requests
-    (draftwise.prefix_reuse). `pad_ragged` (llama.cpp with per-sequence KV streams, which
-    splits a batch into ubatches of equally many tokens per sequence): pad each step's feeds to
-    equal length, trading ragged ubatches for wasted rows. `reserve_draft`: the context check
+    verify` can show it catches a wrong one). With `reuse_prefix` and `prompt_cache_bytes` > 0,
+    prompts' KV is kept for later requests (draftwise.prefix_reuse). `pad_ragged` (llama.cpp with
+    per-sequence KV streams, which splits a batch into ubatches of equally many tokens per
+    sequence): pad each step's feeds to equal length, trading ragged ubatches for wasted rows
+    (draftwise.verifier). `max_queue`: waiting requests past which `submit` raises QueueFull
+    (draftwise.waiting). `reserve_draft`: the context check
     leaves room for a whole draft after max_tokens; False checks only prompt + max_tokens, which is
     all a request needs, since a round never drafts past max_tokens (D <= tokens left - 1) and
     padding stops at the context."""
@@ -139,6 +141,7 @@ class Scheduler:
 
     @property
     def prompt_cache(self):
+        """The PromptCache (prompt_cache_bytes > 0) or None."""
         return self.seqs.prompt_cache
 
     def release(self) -> None:

@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+from draftwise.backends.base import padded_parts
 from draftwise.profile import ProfileResult, profile_runner
 
 
@@ -16,6 +17,8 @@ class SleepRunner:
     backend = "fake"
     vocab_size = 50
     max_context = 64
+    trees = saves = returns_features = features_free = False
+    forward_parts = staticmethod(padded_parts)
 
     def __init__(self, n_seq_max: int = 4):
         self.n_seq_max = n_seq_max

@@ -1,7 +1,8 @@
 """Prometheus metrics of the server: vLLM's names where vLLM has one (so its dashboards and
 `draftwise bench --endpoint` read them), `draftwise:` names for the rest.
 
-The metrics object is the scheduler's observer: the scheduler thread calls it as it works.
+The metrics object is the scheduler's observer (draftwise.observer.Observer): the loop thread calls
+it as it works.
 Latencies are the server's view from the request's arrival: TTFT to the first committed token,
 ITL between consecutive chunks (a speculative step delivers several tokens in one chunk),
 E2E to the last token.
