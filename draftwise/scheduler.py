@@ -43,8 +43,7 @@ from draftwise.output import OutputTracker
 from draftwise.policy import DraftPolicy, FixedDraftLength, RoundOutcome, StepTimes
 from draftwise.proposing import Drafting
 from draftwise.prefix_reuse import Sequences
-from draftwise.request import (Chunk, GenerationResult, Request, RequestState, Round, TokenLogprobs,
-                               check_draft_len, check_request)
+from draftwise.request import Request, RequestState, Round, TokenLogprobs, check_draft_len, check_request
 from draftwise.sampling import argmax, sample, warp
 from draftwise.verifier import Scored, Verifier
 from draftwise.verify import rejection_sample, rejection_sample_tree
