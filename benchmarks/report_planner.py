@@ -52,7 +52,8 @@ from collections import Counter, defaultdict
 
 from draftwise.bench.results import Results
 from draftwise.bench.summary import paired_speedup, summarise
-from draftwise.request import PlanStep
+from draftwise.bench.summary import decisions
+from draftwise.request import DecisionLog
 
 
 def _ci(r) -> str:
@@ -177,7 +178,7 @@ def step_costs(run: str, drafter: str) -> None:
         ms: dict = defaultdict(list)
         for r in reqs:
             if r["config"] == auto and r["category"] == c:
-                for p in r.get("plans") or []:  # [planned D, proposed, behind, predicted ms, measured ms, ...]
+                for p in decisions(r):  # [D, proposed, unseen, predicted ms, measured ms, ...]
                     if p[2] <= 2:
                         ms[p[1]].append(p[4])
         print(f"{c:14} " + "  ".join(f"{k}: {len(v)} x {statistics.median(v):.0f}" for k, v in sorted(ms.items())))
@@ -214,8 +215,8 @@ def round_costs(run: str) -> None:
     by = defaultdict(lambda: [0, 0.0, 0.0])  # (config, length, round?) -> [steps, predicted, measured]
     for r in _requests(run):
         size = sizes[(r["prompt_tokens"] >= 300) + (r["prompt_tokens"] >= 600)]
-        for p in map(PlanStep._make, r.get("plans") or []):
-            if p.behind == 0:  # a draft model's catch-up is priced on its own curve
+        for p in map(DecisionLog._make, decisions(r)):
+            if p.unseen == 0:  # a draft model's catch-up is priced on its own curve
                 got = by[r["config"], size, p.proposed > 0]
                 got[0] += 1
                 got[1] += p.predicted_ms
@@ -231,17 +232,17 @@ def members(run: str) -> None:
     """`--drafter auto`'s rounds per member and prompt catch-ups, per category (from `plans`)."""
     by = defaultdict(list)  # (config, category) -> each request's drafted rounds
     for r in _requests(run):
-        if r["config"].startswith("auto:") and r["concurrency"] == 1 and r.get("plans"):
-            rounds = [p for p in map(PlanStep._make, r["plans"]) if p.planned > 0]
+        if r["config"].startswith("auto:") and r["concurrency"] == 1 and decisions(r):
+            rounds = [p for p in map(DecisionLog._make, decisions(r)) if p.d > 0]
             by[r["config"], r["category"]].append(rounds)
             by[r["config"], "all"].append(rounds)
     print("| config | category | requests | drafted rounds | by member | prompt catch-ups | their rounds' s |\n"
           "|---|---|---|---|---|---|---|")
     for (config, cat), reqs in sorted(by.items()):
         per = Counter(p.drafter for rounds in reqs for p in rounds)
-        # a member with a model catches up (behind > 0) on the prompt at its first round
-        secs = sorted(next(p for p in rounds if p.behind > 0).measured_ms / 1e3
-                      for rounds in reqs if any(p.behind > 0 for p in rounds))
+        # a member with a model catches up (unseen > 0) on the prompt at its first round
+        secs = sorted(next(p for p in rounds if p.unseen > 0).measured_ms / 1e3
+                      for rounds in reqs if any(p.unseen > 0 for p in rounds))
         span = f"{secs[0]:.1f}–{secs[-1]:.1f}" if secs else "-"
         print(f"| {config} | {cat} | {len(reqs)} | {sum(per.values())} | "
               f"{', '.join(f'{m} {n}' for m, n in sorted(per.items()))} | {len(secs)} | {span} |")

@@ -201,8 +201,8 @@ def cmd_generate(a) -> int:
     if a.compare_plain:
         print(f"=== {label} ===\n{runs[label].text}\n")
     print(format_table({name: r.stats for name, r in runs.items()}))
-    if a.drafter == "auto" and runs[label].plans:
-        chosen = Counter(p.drafter for p in runs[label].plans)
+    if a.drafter == "auto" and runs[label].decisions:
+        chosen = Counter(p.drafter for p in runs[label].decisions)
         print("steps by drafter chosen: " + ", ".join(f"{n} {c}" for n, c in chosen.most_common()))
     if "plain" in runs and label != "plain":
         greedy = "" if a.temperature == 0 else " (sampling: not expected)"

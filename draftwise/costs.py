@@ -97,7 +97,7 @@ class CostCurve:
 
     def parts(self, parts: list[tuple[int, int]], n_seqs: int | None = None) -> float:
         """Seconds of a batched forward of `n_seqs` sequences that the runner runs as these (k, b)
-        forwards (draftwise.backends.base.forward_parts): a ragged batch is priced by what it
+        forwards (ModelRunner.forward_parts): a ragged batch is priced by what it
         executes, times what such steps were measured to cost over that (`ragged`); a plain step
         (one token per sequence) by its own measurement once it has one (`plain`)."""
         if n_seqs is not None and is_plain(parts, n_seqs):

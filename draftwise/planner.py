@@ -8,7 +8,7 @@ and early-stop rule. docs/planner.md derives each part.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,39 +18,8 @@ from draftwise.costs import CostCurve
 from draftwise.draft_length import Decision, PlannerConfig, best_draft_length, expected_tokens, gains_of, toward
 from draftwise.drafters.base import StopRule, common_prefix
 
-
-@dataclass(slots=True)
-class Batch:
-    """The batched step a request's round joins, as chosen so far: each sequence's new tokens
-    (1 until its request chooses) and expected emitted tokens, and how the runner runs such a
-    forward (`split`: per-sequence counts -> (k, b) forwards). `uniform`: price the step as if
-    every sequence fed what the deciding request feeds."""
-    feeds: list[int]  # [n]
-    emits: list[float]  # [n]
-    split: Callable[[list[int]], list[tuple[int, int]]]
-    uniform: bool = False
-    _seconds: dict[tuple[int, ...], float] = field(default_factory=dict)  # sorted feeds -> seconds
-
-    @classmethod
-    def of(cls, n: int, split=None, uniform: bool = False) -> Batch:
-        return cls([1] * n, [1.0] * n, split or (lambda ks: [(max(ks), len(ks))]), uniform)
-
-    def forward_s(self, curve: CostCurve, ks: list[int]) -> float:
-        """Seconds of the step's forward with these feeds (in any order), priced once per step."""
-        key = tuple(sorted(ks))
-        if key not in self._seconds:
-            self._seconds[key] = curve.parts(self.split(list(key)), len(key))
-        return self._seconds[key]
-
-    def forwards(self, curve: CostCurve, index: int, d_max: int) -> np.ndarray:  # [d_max + 1]
-        """Seconds of the step with request `index` feeding 1..d_max + 1 tokens."""
-        others = self.feeds[:index] + self.feeds[index + 1:]
-        n = len(self.feeds)
-        return np.array([self.forward_s(curve, [k] * n if self.uniform else others + [k])
-                         for k in range(1, d_max + 2)])
-
-    def record(self, index: int, d: int, expected: float) -> None:
-        self.feeds[index], self.emits[index] = 1 + d, expected
+if TYPE_CHECKING:  # the step the propose stage assembles, which decide prices
+    from draftwise.proposing import Batch
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ import torch
 from draftwise.drafters.base import Proposal
 from draftwise.planner import Decision, Planner, RequestEstimate, RoundRecord
 from draftwise.proposing import NO_DRAFT, Draft, Drafting, Drafts, ModelDraft
-from draftwise.request import PlanStep
+from draftwise.request import DecisionLog
 from draftwise.sampling import SamplingParams, target_top
 from draftwise.verify import VerifyResult
 
@@ -144,7 +144,7 @@ class PlannedDraftLength(DraftPolicy):
 
     def begin(self, st) -> None:
         if st.req.num_draft_tokens is None:
-            st.policy, st.plans = _Auto(self.planner.new_request(st.out.remaining - 1)), []
+            st.policy, st.decisions = _Auto(self.planner.new_request(st.out.remaining - 1)), []
             st.stats.predicted_s = st.stats.predicted_plain_s = st.stats.prefill_s
 
     def draft(self, batch: list, drafting: Drafting) -> Drafts:
@@ -160,7 +160,7 @@ class PlannedDraftLength(DraftPolicy):
                        for c, p in zip(cands, props)])
 
     def _ask(self, st) -> int:
-        return self.max_draft if st.policy is None or st.req.num_draft_tokens is None else st.req.num_draft_tokens
+        return self.max_draft if st.policy is not None else st.req.num_draft_tokens
 
     def _part(self, st, step, j: int, cand: Proposal) -> Proposal:
         """How much of a cheap candidate to verify (a tree: how many of its best nodes)."""
@@ -209,7 +209,7 @@ class PlannedDraftLength(DraftPolicy):
             if o.unverified.parents is not None:
                 shadow_tree(self.planner, req, o.unverified, p_accept)
         unseen = dec.unseen if dec.d and self.planner.draft is not None else 0
-        st.plans.append(_log(dec, len(prop.tokens), unseen, o.round_s, self.planner))
+        st.decisions.append(_log(dec, len(prop.tokens), unseen, o.round_s, self.planner))
         st.policy.decision = None
 
     def observe(self, s: StepTimes) -> None:
@@ -235,8 +235,8 @@ def _predicted(st, dec: Decision, emitted: int) -> None:
 
 
 def _log(dec: Decision, proposed: int, unseen: int, round_s: float, planner: Planner,
-         member: str | None = None) -> PlanStep:
-    return PlanStep(dec.d, proposed, unseen, round(1e3 * (dec.seconds or 1.0 / dec.plain_rate), 1),
+         member: str | None = None) -> DecisionLog:
+    return DecisionLog(dec.d, proposed, unseen, round(1e3 * (dec.seconds or 1.0 / dec.plain_rate), 1),
                     round(1e3 * round_s, 1), round(1e3 * planner.draft_cost(1), 1), member)
 
 
@@ -261,7 +261,7 @@ class DrafterChoice(DraftPolicy):
 
     def begin(self, st) -> None:
         if st.req.num_draft_tokens is None:
-            st.policy, st.plans = _Auto({n: p.new_request(st.out.remaining - 1) for n, p in self.planners.items()}), []
+            st.policy, st.decisions = _Auto({n: p.new_request(st.out.remaining - 1) for n, p in self.planners.items()}), []
             st.stats.predicted_s = st.stats.predicted_plain_s = st.stats.prefill_s
 
     def draft(self, batch: list, drafting: Drafting) -> Drafts:
@@ -349,7 +349,7 @@ class DrafterChoice(DraftPolicy):
             elif other is not None:
                 planner.shadow(req, float(o.first_probs[other.tokens[0]]))
         chosen = self.planners.get(c.chosen, self._any)
-        st.plans.append(_log(c.decision if c.chosen else Decision(0, c.decision.rate, c.decision.plain_rate,
+        st.decisions.append(_log(c.decision if c.chosen else Decision(0, c.decision.rate, c.decision.plain_rate,
                                                                   c.decision.seconds),
                              len(prop.tokens), c.decision.unseen if modelled else 0, o.round_s, chosen,
                              c.chosen or "none"))

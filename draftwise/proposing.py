@@ -7,14 +7,50 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from draftwise.drafters.base import Drafter, Proposal, StopRule
-from draftwise.planner import Batch
+from draftwise.costs import CostCurve
 
 log = logging.getLogger(__name__)
 NO_DRAFT = Proposal([])
 SWEEPS = 2  # re-choosing rounds over a batch's choices after the first: they settle within one or two
+
+
+@dataclass(slots=True)
+class Batch:
+    """The batched step a request's round joins, as chosen so far: each sequence's new tokens
+    (1 until its request chooses) and expected emitted tokens, and how the runner runs such a
+    forward (`split`: per-sequence counts -> (k, b) forwards). `uniform`: price the step as if
+    every sequence fed what the deciding request feeds."""
+    feeds: list[int]  # [n]
+    emits: list[float]  # [n]
+    split: Callable[[list[int]], list[tuple[int, int]]]
+    uniform: bool = False
+    _seconds: dict[tuple[int, ...], float] = field(default_factory=dict)  # sorted feeds -> seconds
+
+    @classmethod
+    def of(cls, n: int, split=None, uniform: bool = False) -> Batch:
+        return cls([1] * n, [1.0] * n, split or (lambda ks: [(max(ks), len(ks))]), uniform)
+
+    def forward_s(self, curve: CostCurve, ks: list[int]) -> float:
+        """Seconds of the step's forward with these feeds (in any order), priced once per step."""
+        key = tuple(sorted(ks))
+        if key not in self._seconds:
+            self._seconds[key] = curve.parts(self.split(list(key)), len(key))
+        return self._seconds[key]
+
+    def forwards(self, curve: CostCurve, index: int, d_max: int) -> np.ndarray:  # [d_max + 1]
+        """Seconds of the step with request `index` feeding 1..d_max + 1 tokens."""
+        others = self.feeds[:index] + self.feeds[index + 1:]
+        n = len(self.feeds)
+        return np.array([self.forward_s(curve, [k] * n if self.uniform else others + [k])
+                         for k in range(1, d_max + 2)])
+
+    def record(self, index: int, d: int, expected: float) -> None:
+        self.feeds[index], self.emits[index] = 1 + d, expected
 
 
 @dataclass(slots=True)

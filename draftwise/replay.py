@@ -5,7 +5,7 @@ token and top probability and the draft model's argmax and its own probability, 
 target's output. Greedy acceptance of any round is then known: a draft started at t is accepted
 up to the first position where the draft's argmax differs from the target's token (accepted tokens
 are the target's, so the draft's context is the one it was scored in). The request runs as the
-engine runs it for a draft model (plan -> draft with the plan's early stop -> verify -> commit, the
+engine runs it for a draft model (decide -> draft with the early stop -> verify -> learn, the
 draft model catching up on what it has not seen), with seconds from the planner's cost curves, so
 a planner change is judged on a whole run's prompts in seconds, under the cost model (the bench
 measures the cost model's own error).
@@ -31,12 +31,12 @@ def replay(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128) ->
     c = defaultdict(int)
     while t < n:
         L, room = L0 + t, n - t - 1
-        behind = L - fed
+        unseen = L - fed
         if req is not None:
-            plan = planner.decide(req, available=room, unseen=behind)
-            d, stop = plan.d, plan.stop
+            dec = planner.decide(req, available=room, unseen=unseen)
+            d, stop = dec.d, dec.stop
         else:
-            d, stop, plan = min(fixed, room), None, None
+            d, stop, dec = min(fixed, room), None, None
         toks, confs, forwards, stop_conf, dropped = [], [], 0, None, False
         for i in range(d):
             conf = tr["draft_top"][t + i]
@@ -50,19 +50,19 @@ def replay(tr: dict, planner: Planner, fixed: int = 0, max_tokens: int = 128) ->
                 stop_conf = conf
                 break
         a = common_prefix(toks, out[t:])
-        draft_s = planner.draft.raw(behind) + (forwards - 1) * planner.draft.raw(1) if forwards else 0.0
+        draft_s = planner.draft.raw(unseen) + (forwards - 1) * planner.draft.raw(1) if forwards else 0.0
         round_s = draft_s + planner.target.raw(len(toks) + 1)
         emitted = min(a + 1, n - t)
         if forwards:
             fed = L + min(a, len(toks) - (0 if dropped else 1))
         if req is not None:
             top = tr["target_top"][t:t + max(min(a + 1, len(toks)), 1)]
-            planner.learn(req, plan, RoundRecord(len(toks), a, emitted, confs if stop else None, stop_conf, round_s, top))
+            planner.learn(req, dec, RoundRecord(len(toks), a, emitted, confs if stop else None, stop_conf, round_s, top))
         secs += round_s
         c["rounds" if toks else "plain"] += 1
         c["proposed"] += len(toks)
         c["accepted"] += a
-        c["catch_up"] += behind > 2 and forwards > 0  # more than a fully accepted round leaves
+        c["catch_up"] += unseen > 2 and forwards > 0  # more than a fully accepted round leaves
         t += emitted
     if req is not None:
         planner.finish(req, n - 1)
@@ -89,11 +89,11 @@ def replay_cheap(tr: dict, planner: Planner, drafter, fixed: int = 0, max_tokens
         want = min(fixed, room) if fixed else min(planner.max_draft, room)
         prop = drafter.propose(key, ctx[:L0 + t], want, GREEDY, None)
         tree = prop.parents is not None and bool(prop.tokens)
-        plan = None
+        dec = None
         if req is not None:  # a tree's nodes priced as the engine's policy prices them
             node_p = planner.node_chances(req, prop.parents, tree_steps(prop)) if tree else None
-            plan = planner.decide(req, available=len(prop.tokens), node_p=node_p)
-        sub = prop.first(plan.d if plan is not None else len(prop.tokens))
+            dec = planner.decide(req, available=len(prop.tokens), node_p=node_p)
+        sub = prop.first(dec.d if dec is not None else len(prop.tokens))
         path = _path(sub, out, t)
         a = len(path)
         if oracle:
@@ -102,11 +102,11 @@ def replay_cheap(tr: dict, planner: Planner, drafter, fixed: int = 0, max_tokens
         emitted = min(a + 1, n - t)
         round_s = planner.draft_call_s + planner.target.raw(len(toks) + 1)  # it proposes every step
         if req is not None and tree and toks:
-            planner.learn(req, plan, RoundRecord(len(toks), a, emitted, tree_steps(sub), seconds=round_s, path=path,
+            planner.learn(req, dec, RoundRecord(len(toks), a, emitted, tree_steps(sub), seconds=round_s, path=path,
                                                  parents=sub.parents))
         elif req is not None:
             conf = prop.confidence[:len(toks)] if prop.confidence and toks else None
-            planner.learn(req, plan, RoundRecord(len(toks), a, emitted, conf, seconds=round_s))
+            planner.learn(req, dec, RoundRecord(len(toks), a, emitted, conf, seconds=round_s))
         if req is not None and prop.tokens and not toks:  # the unverified first token(s) against the plain step's
             planner.shadow(req, float(prop.tokens[0] == out[t]))
             if tree:

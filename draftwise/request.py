@@ -27,14 +27,14 @@ class Round(NamedTuple):
     tree: bool = False
 
 
-class PlanStep(NamedTuple):
+class DecisionLog(NamedTuple):
     """One step under `auto` (draftwise.policy.PlannedDraftLength): the D planned, tokens proposed,
     tokens the draft model caught up on, the planner's predicted and the measured ms of the step,
     and the planner's ms of one draft step after it (its online state); under `--drafter auto`
     the drafter verified ("none": a plain step)."""
-    planned: int
+    d: int
     proposed: int
-    behind: int
+    unseen: int
     predicted_ms: float
     measured_ms: float
     draft_step_ms: float
@@ -68,7 +68,7 @@ class GenerationResult:
     chunk_times_s: list[float] = field(default_factory=list)
     rounds: list[Round] = field(default_factory=list)
     logprobs: list[TokenLogprobs] | None = None  # when the request asked for them
-    plans: list[PlanStep] | None = None  # under `auto`, one per step after the prefill's token
+    decisions: list[DecisionLog] | None = None  # under `auto`, one per step after the prefill's token
 
     def to_dict(self) -> dict:
         return {"text": self.text, "token_ids": self.token_ids, "prompt_tokens": self.prompt_tokens,
@@ -118,7 +118,7 @@ class RequestState:
     rounds: list[Round] = field(default_factory=list)
     ttft: float = 0.0
     policy: object = None  # the draft-length policy's own per-request state
-    plans: list[PlanStep] | None = None  # the planner's log, under `auto`
+    decisions: list[DecisionLog] | None = None  # the planner's log, under `auto`
     logprobs: list[TokenLogprobs] | None = None
     prompt_logits: torch.Tensor | None = None  # [1, V] kept with the prompt's KV (draftwise.prefix_reuse)
     wants_features: bool = False  # this step's target forward returns the features its drafter reads
@@ -149,7 +149,7 @@ class RequestState:
         s.wall_s = self.times[-1]
         s.other_s = s.wall_s - s.prefill_s - s.draft_s - s.verify_s
         return GenerationResult(self.out.text, self.out.token_ids, len(self.req.prompt_ids), self.out.finish_reason,
-                                s, self.ttft, self.times, self.rounds, self.logprobs, self.plans)
+                                s, self.ttft, self.times, self.rounds, self.logprobs, self.decisions)
 
     @property
     def delivered(self) -> list[int] | None:

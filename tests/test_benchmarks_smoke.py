@@ -134,14 +134,14 @@ def test_report_planner_and_step_costs(planner_run, capsys):
 
 def test_report_planner_members_counts_auto_rounds_and_prompt_catch_ups(monkeypatch, capsys):
     report = driver("report_planner")
-    # plans rows: [d, proposed, behind, predicted ms, measured ms, draft ms, member]
+    # decisions rows: [d, proposed, unseen, predicted ms, measured ms, draft ms, member]
     a = [[0, 0, 0, 10, 10, 0, "none"], [3, 3, 0, 20, 21, 0, "suffix"], [2, 2, 300, 2000, 2500, 5, "model"],
          [2, 2, 2, 30, 31, 5, "model"]]
     b = [[4, 4, 0, 20, 22, 0, "suffix"], [0, 0, 0, 10, 10, 0, "none"]]
     c = [[2, 1, 40, 400, 700, 5, "model"]]
-    reqs = [{"config": "auto:auto", "concurrency": 1, "category": cat, "plans": plans}
+    reqs = [{"config": "auto:auto", "concurrency": 1, "category": cat, "decisions": plans}
             for cat, plans in (("rag", a), ("rag", b), ("qa", c))]
-    reqs.append({"config": "suffix:auto", "concurrency": 1, "category": "rag", "plans": b})  # not auto's
+    reqs.append({"config": "suffix:auto", "concurrency": 1, "category": "rag", "decisions": b})  # not auto's
     monkeypatch.setattr(report, "_requests", lambda path: reqs)
     report.main(["run", "--members"])
     lines = capsys.readouterr().out.splitlines()
@@ -152,10 +152,10 @@ def test_report_planner_members_counts_auto_rounds_and_prompt_catch_ups(monkeypa
 
 def test_report_planner_costs_by_prompt_length(monkeypatch, capsys):
     report = driver("report_planner")
-    # plans rows: [d, proposed, behind, predicted ms, measured ms, draft ms, member]; a catch-up left out
+    # decisions rows: [d, proposed, unseen, predicted ms, measured ms, draft ms, member]; a catch-up left out
     short = [[0, 0, 0, 10, 10, 0, None], [3, 3, 0, 20, 22, 0, None], [0, 0, 0, 10, 12, 0, None]]
     long = [[2, 2, 0, 40, 60, 0, None], [2, 2, 300, 2000, 9000, 5, None], [0, 0, 0, 10, 10, 0, None]]
-    reqs = [{"config": "suffix:auto", "prompt_tokens": n, "plans": p} for n, p in ((100, short), (700, long))]
+    reqs = [{"config": "suffix:auto", "prompt_tokens": n, "decisions": p} for n, p in ((100, short), (700, long))]
     monkeypatch.setattr(report, "_requests", lambda path: reqs)
     report.main(["run", "--costs"])
     lines = capsys.readouterr().out.splitlines()

@@ -64,7 +64,7 @@ def test_choice_verifies_the_member_that_is_right_and_output_equals_plain():
     r = Engine(CycleRunner(), CharTokenizer(), drafter, "auto", policy=choice(["wrong", "right"])).generate(
         PROMPT, max_tokens=40)
     assert r.token_ids == plain.token_ids
-    chosen = [p.drafter for p in r.plans]
+    chosen = [p.drafter for p in r.decisions]
     assert chosen.count("right") >= len(chosen) - 2  # the wrong one may be tried once at most
     assert r.stats.accepted_draft_tokens >= 30 and wrong.calls == right.calls  # both proposed every round
 
@@ -74,7 +74,7 @@ def test_choice_takes_plain_steps_when_no_member_is_right_but_keeps_scoring_them
     pol = choice(["a", "b"], per_token_ms=3.0)
     r = Engine(CycleRunner(), CharTokenizer(), AutoDrafter({"a": a, "b": b}), "auto", policy=pol).generate(
         PROMPT, max_tokens=30)
-    chosen = [p.drafter for p in r.plans]
+    chosen = [p.drafter for p in r.decisions]
     assert chosen[-10:] == ["none"] * 10  # both learnt wrong from their shadows
     assert pol.planners["a"].workload.alpha()[0] < 0.2 and pol.planners["b"].workload.alpha()[0] < 0.2
 
@@ -89,7 +89,7 @@ def test_a_member_not_chosen_learns_its_deep_positions_from_the_greedy_tokens():
     pol = choice(["a", "b"])
     r = Engine(CycleRunner(), CharTokenizer(), AutoDrafter({"a": Cycle("a", []), "b": FirstOnly("b", [])}),
                "auto", policy=pol).generate(PROMPT, max_tokens=40)
-    assert [p.drafter for p in r.plans].count("a") >= len(r.plans) - 2
+    assert [p.drafter for p in r.decisions].count("a") >= len(r.decisions) - 2
     alpha = pol.planners["b"].workload.alpha()
     assert alpha[0] > 0.8 and alpha[1] < 0.2
 
@@ -109,7 +109,7 @@ def test_choice_follows_the_member_that_becomes_right():
 
     r = Engine(CycleRunner(), CharTokenizer(), AutoDrafter({"a": Switch("a", []), "b": b}), "auto",
                policy=choice(["a", "b"])).generate(PROMPT, max_tokens=60)
-    chosen = [p.drafter for p in r.plans]
+    chosen = [p.drafter for p in r.decisions]
     assert "a" in chosen[:3] and chosen[-3:] == ["b"] * 3
 
 
@@ -130,11 +130,11 @@ def test_choice_drafts_with_a_model_only_when_chosen_and_output_equals_plain():
     r = Engine(CycleRunner(), CharTokenizer(), drafter, "auto", policy=choice_with_model(["wrong"], model, 1.0)).generate(
         PROMPT, max_tokens=40)
     assert r.token_ids == plain.token_ids
-    chosen = [p.drafter for p in r.plans]
+    chosen = [p.drafter for p in r.decisions]
     assert chosen.count("model") >= len(chosen) - 2 and r.stats.accepted_draft_tokens >= 30
-    assert wrong.calls == len(r.plans)  # the cheap member proposed every round, the model drafted when chosen
-    drafted = sum(p.proposed for p in r.plans if p.drafter == "model")
-    assert sum(p.proposed for p in r.plans) == r.stats.proposed_tokens and drafted >= 30
+    assert wrong.calls == len(r.decisions)  # the cheap member proposed every round, the model drafted when chosen
+    drafted = sum(p.proposed for p in r.decisions if p.drafter == "model")
+    assert sum(p.proposed for p in r.decisions) == r.stats.proposed_tokens and drafted >= 30
     assert 0 < len(model.runner.forwards) <= drafted + len(chosen)  # a forward per drafted token, at most
 
 
@@ -156,14 +156,14 @@ def test_a_model_that_sat_out_catches_up_when_the_choice_moves_to_it():
     r = Engine(CycleRunner(), CharTokenizer(), AutoDrafter({"a": Switch("a", []), "model": model}), "auto",
                policy=choice_with_model(["a"], model, 2.0, prior=0.9)).generate(PROMPT, max_tokens=60)
     assert r.token_ids == plain.token_ids
-    chosen = [p.drafter for p in r.plans]
+    chosen = [p.drafter for p in r.decisions]
     back = [i for i in range(1, len(chosen)) if chosen[i] == "model" and chosen[i - 1] == "a"]
     assert back  # the choice moved back to the model after rounds of the free member
     assert chosen[back[-1]:back[-1] + 3] == ["model"] * 3  # and stays on it (the last tokens aside)
     # drafting round after round it catches up on its last round's bonus token and one more; after
     # sitting out, on every token emitted meanwhile
-    assert all(r.plans[i].behind > 2 for i in back)
-    assert all(r.plans[i].behind <= 2 for i in range(1, len(chosen)) if chosen[i] == chosen[i - 1] == "model")
+    assert all(r.decisions[i].unseen > 2 for i in back)
+    assert all(r.decisions[i].unseen <= 2 for i in range(1, len(chosen)) if chosen[i] == chosen[i - 1] == "model")
 
 
 def test_a_model_believed_wrong_is_chosen_on_the_targets_confidence_while_it_sits_out():
@@ -177,7 +177,7 @@ def test_a_model_believed_wrong_is_chosen_on_the_targets_confidence_while_it_sit
     r = Engine(CycleRunner(), CharTokenizer(), AutoDrafter({"wrong": wrong, "model": model}), "auto",
                policy=choice_with_model(["wrong"], model, 1.0, prior=0.1)).generate(PROMPT, max_tokens=60)
     assert r.token_ids == plain.token_ids
-    chosen = [p.drafter for p in r.plans]
+    chosen = [p.drafter for p in r.decisions]
     assert "model" in chosen[:10] and chosen[-3:] == ["model"] * 3
     assert r.stats.accepted_draft_tokens >= 40
 
@@ -216,9 +216,9 @@ def test_a_models_catch_up_must_beat_the_rate_the_request_goes_at_not_a_plain_st
     plain = Engine(CycleRunner(), CharTokenizer()).generate(prompt, max_tokens=60)
     r = run(True)
     assert r.token_ids == plain.token_ids
-    assert {p.drafter for p in r.plans} == {"two"}
-    assert "model" in {p.drafter for p in run(False).plans}  # against a plain step it would switch
-    assert {p.drafter for p in run(False, looks=True).plans} == {"two"}  # it looks throughout
+    assert {p.drafter for p in r.decisions} == {"two"}
+    assert "model" in {p.drafter for p in run(False).decisions}  # against a plain step it would switch
+    assert {p.drafter for p in run(False, looks=True).decisions} == {"two"}  # it looks throughout
 
 
 def test_a_models_prompt_catch_up_waits_until_the_saving_forgone_reaches_its_cost(monkeypatch):
@@ -246,16 +246,16 @@ def test_a_models_prompt_catch_up_waits_until_the_saving_forgone_reaches_its_cos
     r = Engine(CycleRunner(), CharTokenizer(), AutoDrafter({"wrong": Fixed("wrong", [9] * 8), "model": model}),
                "auto", policy=DrafterChoice(planners, {"model": model})).generate(prompt, max_tokens=60)
     assert r.token_ids == Engine(CycleRunner(), CharTokenizer()).generate(prompt, max_tokens=60).token_ids
-    chosen = [p.drafter for p in r.plans]
+    chosen = [p.drafter for p in r.decisions]
     i = chosen.index("model")
     assert set(chosen[:i]) <= {"wrong", "none"} and set(chosen[i:-1]) == {"model"}
     assert [looks for *_, looks in looked] == [True] * i + [False]  # looked, then bought
     for forgone, step, catch_up, looks in looked:
         assert 0.005 < step < 0.008  # s: a 10 ms step less the model's ~3 ms a token
     assert looked[-2][0] + looked[-2][1] <= looked[-2][2] < looked[-1][0] + looked[-1][1]  # the last look, the buy
-    for (before, *_), (after, *_), p in zip(looked, looked[1:], r.plans):  # one token a round
+    for (before, *_), (after, *_), p in zip(looked, looked[1:], r.decisions):  # one token a round
         assert after - before == pytest.approx(p.predicted_ms / 1e3 - (10e-3 - looked[0][1]), abs=1e-3)
-    assert 100e-3 < looked[-1][2] < 110e-3 and i >= 10 and r.plans[i].behind >= 200
+    assert 100e-3 < looked[-1][2] < 110e-3 and i >= 10 and r.decisions[i].unseen >= 200
 
 
 def test_fixed_d_with_auto_drafter_takes_the_longest_proposal():

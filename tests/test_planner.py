@@ -10,7 +10,8 @@ from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
 from draftwise.catch_up import CatchUp
 from draftwise.draft_length import Decision, best_draft_length, expected_tokens, gains_of
-from draftwise.planner import Batch, Planner, RoundRecord
+from draftwise.planner import Planner, RoundRecord
+from draftwise.proposing import Batch
 from draftwise.profile import ProfileResult
 from draftwise.sampling import SamplingParams
 from fakes import CharTokenizer, CycleRunner
@@ -338,7 +339,7 @@ def test_early_stops_shorten_the_plan():
 
 def test_auto_without_a_drafter_is_plain_and_bad_d_is_rejected():
     r = Engine(CycleRunner(), CharTokenizer(), None, "auto").generate([0, 1, 2], max_tokens=6)
-    assert r.token_ids == [3, 4, 0, 1, 2, 3] and r.stats.plain_steps == 6 and r.plans is None
+    assert r.token_ids == [3, 4, 0, 1, 2, 3] and r.stats.plain_steps == 6 and r.decisions is None
     with pytest.raises(ValueError, match="'auto'"):
         Engine(CycleRunner(), CharTokenizer(), NgramDrafter(), "four")
 
@@ -538,15 +539,15 @@ def test_a_draft_model_looks_at_the_targets_confidence_before_paying_the_prompts
     draft = CostCurve({1: [43, 48, 54, 61, 84, 91, 100, 99, 119, 124, 127, 117, 144, 153, 161, 170, 188]}, (80, 300.0))
 
     def run(pl, top, accept, n=128):  # one request; returns the D of each step
-        req, ds, behind = pl.new_request(n), [], 121
+        req, ds, unseen = pl.new_request(n), [], 121
         while req.remaining > 1:
-            p = pl.decide(req, available=req.remaining - 1, unseen=behind)
+            p = pl.decide(req, available=req.remaining - 1, unseen=unseen)
             acc = 0
             while acc < p.d and accept[acc]:
                 acc += 1
             reached = min(acc + 1, p.d)
             pl.learn(req, p, RoundRecord(p.d, acc, acc + 1, [0.9] * p.d if p.d else None, target_top=[top] * max(reached, 1) if top is not None else None))
-            behind = 1 if p.d else behind + 1
+            unseen = 1 if p.d else unseen + 1
             ds.append(p.d)
         return ds
 
@@ -574,20 +575,20 @@ def test_auto_logs_each_steps_plan_and_predicted_time():
     pl = planner(per_token_ms=1.0, prior=0.95, draft=curve(0.1, first_ms=0.1), online=False)
     r = Engine(CycleRunner(), CharTokenizer(), ModelDrafter(draft_runner), "auto", planner=pl).generate(PROMPT, max_tokens=30)
     s = r.stats
-    assert len(r.plans) == s.verification_rounds + s.plain_steps - 1  # every step after the prefill's token
-    assert [p for _, p, *_ in r.rounds] == [p for _, p, *_ in r.plans if p > 0]
+    assert len(r.decisions) == s.verification_rounds + s.plain_steps - 1  # every step after the prefill's token
+    assert [p for _, p, *_ in r.rounds] == [p for _, p, *_ in r.decisions if p > 0]
     t_plain = 1e3 * (pl.target(1) + pl.overhead_s)
-    for d, proposed, behind, pred_ms, meas_ms, draft_ms, _ in r.plans:
+    for d, proposed, unseen, pred_ms, meas_ms, draft_ms, _ in r.decisions:
         assert proposed <= d and meas_ms > 0 and draft_ms == pytest.approx(1e3 * pl.draft(1), abs=0.05)
         if d == 0:
-            assert (proposed, behind) == (0, 0) and pred_ms == pytest.approx(t_plain, abs=0.05)
+            assert (proposed, unseen) == (0, 0) and pred_ms == pytest.approx(t_plain, abs=0.05)
         else:  # a round's time as the plan priced it: catch-up, d draft steps and a verify of d + 1
-            catch_up = pl.draft_cost(1, behind) - pl.draft_cost(1, 1)
+            catch_up = pl.draft_cost(1, unseen) - pl.draft_cost(1, 1)
             round_s = pl.draft_cost(d) + pl.target(d + 1) + pl.overhead_s
-            assert behind >= 1 and pred_ms == pytest.approx(1e3 * (round_s + catch_up), abs=0.05)
-    first = next(i for i, p in enumerate(r.plans) if p[0] > 0)  # it caught up on the prompt and every token
-    assert r.plans[first][2] == len(PROMPT) + first + 1
-    assert Engine(CycleRunner(), CharTokenizer(), ModelDrafter(CycleRunner()), 2).generate(PROMPT, max_tokens=5).plans is None
+            assert unseen >= 1 and pred_ms == pytest.approx(1e3 * (round_s + catch_up), abs=0.05)
+    first = next(i for i, p in enumerate(r.decisions) if p[0] > 0)  # it caught up on the prompt and every token
+    assert r.decisions[first].unseen == len(PROMPT) + first + 1
+    assert Engine(CycleRunner(), CharTokenizer(), ModelDrafter(CycleRunner()), 2).generate(PROMPT, max_tokens=5).decisions is None
 
 
 def test_a_draft_model_looks_until_the_saving_it_forgoes_reaches_the_prompts_catch_up():
@@ -600,17 +601,17 @@ def test_a_draft_model_looks_until_the_saving_it_forgoes_reaches_the_prompts_cat
                       (256, 889.0))
     pl = Planner(target, draft, prior=0.9, max_draft=8)
     for prompt in (41, 120, 401, 854):
-        req, behind, ds, forgone = pl.new_request(64), prompt, [], []
+        req, unseen, ds, forgone = pl.new_request(64), prompt, [], []
         while not any(ds):
-            p = pl.decide(req, available=8, unseen=behind)
+            p = pl.decide(req, available=8, unseen=unseen)
             forgone.append(req.forgone_s)
             assert req.model_rate > 1 / target(1)  # the model would pay on this estimate
             rate = req.model_rate  # asked again with nothing available (a head lacking features): kept
-            assert pl.decide(req, available=0, unseen=behind).d == 0 and req.model_rate == rate
+            assert pl.decide(req, available=0, unseen=unseen).d == 0 and req.model_rate == rate
             pl.learn(req, p, RoundRecord(p.d, p.d, p.d + 1, [0.9] * p.d if p.d else None, target_top=[0.95] * max(p.d, 1)))
             ds.append(p.d)
-            behind += 1
-        looks, catch_up = len(ds) - 1, pl.draft_cost(1, behind - 1) - pl.draft_cost(1, 1)
+            unseen += 1
+        looks, catch_up = len(ds) - 1, pl.draft_cost(1, unseen - 1) - pl.draft_cost(1, 1)
         assert ds[:-1] == [0] * looks and ds[-1] > 0, (prompt, ds)
         step = target(1) - 1 / req.model_rate  # what one more plain step would forgo
         assert forgone[-1] + step > catch_up and (looks == 0 or forgone[-2] + step <= catch_up)

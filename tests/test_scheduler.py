@@ -273,7 +273,8 @@ def test_drafts_that_pay_only_together_in_a_ragged_step_give_way_to_the_plain_st
     32 ms for 10.88. Together they lose to the plain step, 8 tokens in 18 ms (362 against 444
     tokens/s), and none pays its extra ubatch alone (7 + 2.44 tokens in 30 ms): plain steps."""
     from draftwise.costs import CostCurve
-    from draftwise.planner import Batch, Planner
+    from draftwise.planner import Planner
+    from draftwise.proposing import Batch
     from draftwise.policy import PlannedDraftLength
 
     curve = CostCurve({b: [10 + k * b for k in range(1, 10)] for b in (1, 2, 4, 8)})

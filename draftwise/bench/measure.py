@@ -154,7 +154,7 @@ class EngineTarget:
                         "kv_peak_bytes": self.kv if self.kv_probe else None,
                         "draft_kv_peak_bytes": self.dkv if self.kv_probe and self.draft_runner is not None else None,
                         "probe_s": self.probe_s / len(reqs), "drafter_nodes": nodes,
-                        **({"plans": [list(p) for p in r.plans]} if r.plans is not None else {})})
+                        **({"decisions": [list(p) for p in r.decisions]} if r.decisions is not None else {})})
         return out, None
 
     def describe(self) -> dict:

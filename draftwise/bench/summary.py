@@ -238,7 +238,7 @@ def _row(scope, config, conc, recs, base, servers, describe, mism, n_boot, seed)
     row.rss_growth_bytes = max(growth) if growth else None
     row.draft_weight_bytes = describe.get("draft_weight_bytes")
     row.drafter_nodes = top("drafter_nodes")
-    chosen = Counter(p[6] for r in recs for p in r.get("plans") or [] if len(p) > 6 and p[6] is not None)
+    chosen = Counter(p[6] for r in recs for p in decisions(r) if len(p) > 6 and p[6] is not None)
     row.drafter_rounds = dict(chosen) or None
     own = sum(r["e2e_s"] for r in recs)
     row.probe_share = sum(r.get("probe_s") or 0.0 for r in recs) / own if own > 0 else None
@@ -296,3 +296,8 @@ def summarise(path: str | Path, n_boot: int = 2000, seed: int = 0, goal: str | N
         for r in rows:
             r.verdict = judge(r, judged_by, baseline, mismatches_checked=checked is not None)
     return Summary(cond, res.meta.get("resolved", {}), res.sessions, baseline, checked, mism, rows, goal)
+
+
+def decisions(row: dict) -> list:
+    """A request row's planner log (rows written before 2026-12-07 call it "plans")."""
+    return row.get("decisions") or row.get("plans") or []
