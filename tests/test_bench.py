@@ -516,7 +516,8 @@ def test_cli_bench_report_only(tmp_path, capsys):
     text = capsys.readouterr().out
     assert text.startswith("output check: all 8 outputs identical") and "ngram:4" in text
     assert all((out / f).is_file() for f in ("summary.json", "summary.csv", "report.html"))
-    assert cli._endpoints(["http://a:1/v1", "eagle=http://b:2", "http://c/x?a=b"]) == \
+    from draftwise.cli_harness import _endpoints
+    assert _endpoints(["http://a:1/v1", "eagle=http://b:2", "http://c/x?a=b"]) == \
         {"endpoint": "http://a:1/v1", "eagle": "http://b:2", "endpoint3": "http://c/x?a=b"}
     assert cli.main(["bench", "--configs", "plain", "eagle:4", "--out", str(out)]) == 2  # one clear error line
 
