@@ -18,7 +18,7 @@ import numpy as np
 @dataclass(frozen=True, slots=True)
 class PlannerConfig:
     """Every constant the planner uses, each with why it has its value (docs/planner.md)."""
-    max_draft: int = 16  # the longest draft a round may verify (a cheap drafter's: 32, policy.py)
+    max_draft: int = 16  # the longest draft a round may verify (MAX_DRAFT_CHEAP, MAX_DRAFT_MODEL below)
     # acceptance before a request has been seen, per position (extended with its last value)
     prior: tuple[float, ...] = (0.6,)
     margin: float = 0.03  # a round must beat plain by this: about the cost model's error on one sequence
