@@ -10,7 +10,7 @@ A candidate tree is the same choice with gain(d) = the summed chances of its fir
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -82,7 +82,6 @@ class Decision:
     stop: object = None  # a draft model's early-stop rule (draftwise.drafters.base.StopRule)
     unseen: int = 1  # tokens a draft model catches up on before drafting
     probe: bool = False  # an optimistic short draft, to measure acceptance
-    members: dict = field(default_factory=dict)  # --drafter auto: each member's decision
 
 
 def gains_of(alpha: np.ndarray) -> np.ndarray:  # [D]
