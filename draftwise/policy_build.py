@@ -8,7 +8,8 @@ from draftwise.costs import CostCurve
 from draftwise.draft_length import MAX_DRAFT_CHEAP, MAX_DRAFT_MODEL, config_for
 from draftwise.drafters.base import Drafter
 from draftwise.planner import Planner
-from draftwise.policy import DraftPolicy, DrafterChoice, FixedDraftLength, PlannedDraftLength
+from draftwise.choice import DrafterChoice
+from draftwise.policy import DraftPolicy, FixedDraftLength, PlannedDraftLength
 
 
 def default_max_draft(drafter: Drafter) -> int:

@@ -11,7 +11,7 @@ from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
 from draftwise.catch_up import CatchUp
 from draftwise.planner import Planner
-from draftwise.policy import DrafterChoice
+from draftwise.choice import DrafterChoice
 from draftwise.sampling import SamplingParams
 from fakes import CharTokenizer, CheapDrafter, CycleRunner
 
