@@ -12,6 +12,7 @@ from draftwise.drafters.auto import AutoDrafter
 from draftwise.drafters.head import HeadDrafter
 from draftwise.drafters.model import ModelDrafter
 from draftwise.drafters.ngram import NgramDrafter
+from draftwise.drafters.prediction import PredictionDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
 from draftwise.models.load import default_backend, load_runner, load_tokenizer, torch_device
@@ -24,8 +25,13 @@ DRAFTERS = ("none", "model", "ngram", "suffix", "suffix-tree", "head", "auto")
 # what --drafter auto chooses among by default, with none: the suffix tries (their trie over the
 # request finds every match n-gram does) and the draft model, which the planner lets draft only
 # where its cost curve and the target's confidence say it pays (docs/suffix.md)
-AUTO_MEMBERS = ("suffix", "model")
-AUTO_CHOICES = ("ngram", "suffix", "model", "head")  # what it can choose among (--auto-members)
+# and the request's prediction, which proposes only for requests that send one
+AUTO_MEMBERS = ("suffix", "model", "prediction")
+AUTO_CHOICES = ("ngram", "suffix", "model", "head", "prediction")  # what it can choose among (--auto-members)
+# the cheap chain drafters that serve requests' predictions composed with the prediction member
+# (with_prediction): a request with one is drafted as by --drafter auto over the two, one without
+# exactly as by the drafter alone
+PREDICTED = ("ngram", "suffix")
 # llama.cpp's CPU kernels. "repacked" (its extra buffer types, as llama_cpp.Llama loads) steps one
 # token faster than "standard" and processes a long prompt slower; which verifies several tokens
 # faster depends on the CPU. Neither is batch-invariant (a near-tie can flip between a one-token and
@@ -199,6 +205,8 @@ def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_run
         return AutoDrafter(members)
     if kind == "ngram":
         return NgramDrafter(spec.ngram_min, spec.ngram_max)
+    if kind == "prediction":
+        return PredictionDrafter()
     if kind in ("suffix", "suffix-tree"):
         return SuffixDrafter(max_nodes=spec.suffix_max_nodes, tree=kind == "suffix-tree")
     if kind != "model":
@@ -209,6 +217,15 @@ def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_run
         draft_runner, _ = load_runner(spec.draft_model, spec.draft_backend, spec.threads, spec.max_context,
                                       tokenizer=d_tok, **_backend_kw(spec.draft_backend, spec, draft=True))
     return ModelDrafter(draft_runner)
+
+
+def with_prediction(drafter):
+    """The drafter a run serves: a cheap chain drafter (PREDICTED) composed with the prediction
+    member, so requests that send a prediction are drafted from it too (draftwise.prediction_policy);
+    any other drafter as it is (auto has the member already)."""
+    if drafter is None or drafter.name not in PREDICTED:
+        return drafter
+    return AutoDrafter({drafter.name: drafter, "prediction": PredictionDrafter()}, base=drafter.name)
 
 
 def load_shared(spec: EngineSpec, tokenizer, target, named: set[str]) -> dict:
@@ -249,7 +266,7 @@ def build_engine(spec: EngineSpec, target=None, **engine_kw):
     """Engine for the spec; pass an already loaded (runner, tokenizer) as target to reuse it.
     Returns (engine, target_runner, tokenizer)."""
     runner, tok = target or load_target(spec)
-    drafter = load_drafter(spec, tok, target=runner)
+    drafter = with_prediction(load_drafter(spec, tok, target=runner))
     policy = make_policy(spec.num_draft_tokens, runner, drafter)
     return Engine(runner, tok, drafter, spec.num_draft_tokens, policy=policy, max_running=spec.max_running,
                   **{"prompt_cache_bytes": spec.prompt_cache_bytes, **engine_kw}), runner, tok
@@ -260,7 +277,7 @@ def build_scheduler(spec: EngineSpec, observer=None, max_queue: int = 64, spec_o
     """A Scheduler for the spec (the server's loop), its `auto` planner priced at the batch sizes
     it can run; scheduler_kw go to Scheduler. Returns (scheduler, tokenizer)."""
     runner, tok = load_target(spec)
-    drafter = load_drafter(spec, tok, target=runner)
+    drafter = with_prediction(load_drafter(spec, tok, target=runner))
     sizes = tuple(b for b in (1, 2, 4, 8, 16, 32) if b < spec.max_running) + (spec.max_running,)
     policy = make_policy(spec.num_draft_tokens, runner, drafter, batch_sizes=sizes, off_above=spec_off_above)
     return Scheduler(runner, tok, drafter, policy, spec.max_running, max_queue, observer=observer,

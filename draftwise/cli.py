@@ -45,6 +45,7 @@ def write_report(totals, out):
 
 def cmd_generate(a) -> int:
     from draftwise.build import build_engine
+    from draftwise.drafters.prediction import prediction_counts
     from draftwise.engine import Engine
     from draftwise.sampling import SamplingParams
     from draftwise.stats import format_table
@@ -58,14 +59,15 @@ def cmd_generate(a) -> int:
     ids = tok.encode(prompt) if a.raw else tok.apply_chat([{"role": "user", "content": prompt}])
     kw = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
               seed=a.seed, stop=a.stop)
+    prediction = tok.encode(Path(a.prediction).read_text()) if a.prediction else None
     runs = {}
     label = f"{a.drafter} D={a.num_draft_tokens}" if a.drafter != "none" else "plain"
     if a.compare_plain and a.drafter != "none":
         runs["plain"] = Engine(runner, tok, max_running=1).generate(ids, **kw)
     if a.json or a.compare_plain:
-        runs[label] = engine.generate(ids, **kw)
+        runs[label] = engine.generate(ids, prediction=prediction, **kw)
     else:  # stream the text as it is committed
-        for chunk in engine.stream(ids, **kw):
+        for chunk in engine.stream(ids, prediction=prediction, **kw):
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
             if chunk.result is not None:
@@ -83,6 +85,10 @@ def cmd_generate(a) -> int:
     if a.compare_plain:
         print(f"=== {label} ===\n{runs[label].text}\n")
     print(format_table({name: r.stats for name, r in runs.items()}))
+    if prediction:
+        counts = prediction_counts(prediction, runs[label].token_ids)
+        print(f"prediction: {len(prediction)} tokens, {counts.accepted} accepted (in the output), "
+              f"{counts.rejected} rejected")
     if a.drafter == "auto" and runs[label].decisions:
         chosen = Counter(p.drafter for p in runs[label].decisions)
         print("steps by drafter chosen: " + ", ".join(f"{n} {c}" for n, c in chosen.most_common()))
@@ -216,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--compare-plain", action="store_true", help="also run plain decoding and compare")
+    g.add_argument("--prediction", metavar="FILE", default=None,
+                   help="the expected output (e.g. the code being edited), drafted from (docs/agents.md)")
     g.add_argument("--json", action="store_true", help="print text, token ids and stats as JSON")
     g.set_defaults(fn=cmd_generate)
 
@@ -295,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profile", help="time one forward over k new tokens (logits at all k), per k and batch")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
-    p.add_argument("--backend", choices=("torch", "llama.cpp"), default=None)
+    p.add_argument("--backend", choices=("torch", "llama.cpp", "onnx"), default=None)
     p.add_argument("--device", default=None, help="torch: cpu, cuda or cuda:N; default: a GPU when torch sees one")
     p.add_argument("--threads", type=_positive, default=None)
     p.add_argument("--context-len", type=_positive, default=256)

@@ -61,7 +61,9 @@ def toward(x: float, v: float, weight: float = EMA, clamp: float | None = 2.0) -
 # A copy drafter's first token is often wrong and the rest right once it is; a same-family draft
 # model is right more often than not.
 COPY_PRIOR = (0.4,) + (0.75,) * 15
-PRIORS = {"ngram": COPY_PRIOR, "suffix": COPY_PRIOR, "suffix-tree": COPY_PRIOR, "model": (0.65,)}
+PRIORS = {"ngram": COPY_PRIOR, "suffix": COPY_PRIOR, "suffix-tree": COPY_PRIOR, "model": (0.65,),
+          # a prediction is the client's own guess at the output: once followed, most of it is right
+          "prediction": (0.6,) + (0.9,) * 15}
 COPY_RISK = 0.03  # a copy drafter's wholly wrong draft wastes plain steps: ask 3% more per step
 
 

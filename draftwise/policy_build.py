@@ -6,8 +6,10 @@ import sys
 
 from draftwise.costs import CostCurve
 from draftwise.draft_length import MAX_DRAFT_CHEAP, MAX_DRAFT_MODEL, config_for
+from draftwise.drafters.auto import AutoDrafter
 from draftwise.drafters.base import Drafter
 from draftwise.planner import Planner
+from draftwise.prediction_policy import PredictionRouting
 from draftwise.choice import DrafterChoice
 from draftwise.policy import DraftPolicy, FixedDraftLength, PlannedDraftLength
 
@@ -50,6 +52,10 @@ def make_policy(num_draft_tokens: int | str, runner, drafter: Drafter | None, ba
     """"auto" (with a drafter) plans, an integer is fixed; no drafter means plain decoding."""
     if drafter is None:
         return FixedDraftLength(0)
+    if num_draft_tokens == "auto" and isinstance(drafter, AutoDrafter) and drafter.base is not None:
+        alone = drafter.members[drafter.base]  # a configured drafter composed with the prediction
+        return PredictionRouting(PlannedDraftLength(planner or make_planner(runner, alone, batch_sizes=batch_sizes)),
+                                 make_choice(runner, drafter, batch_sizes=batch_sizes), drafter.base)
     if num_draft_tokens == "auto" and drafter.name == "auto":
         return make_choice(runner, drafter, batch_sizes=batch_sizes)
     if num_draft_tokens == "auto":

@@ -28,6 +28,7 @@ class Prompt:
     text: str | None = None  # raw completion prompt
     messages: tuple[dict, ...] | None = None  # chat turns
     assistant_prefix: str = ""  # opens the assistant turn (chat only)
+    prediction: str | None = None  # the expected output (Predicted Outputs), sent by configurations that ask
 
     def token_ids(self, tokenizer: Tokenizer) -> list[int]:
         if self.messages is not None:
@@ -123,15 +124,20 @@ def from_jsonl(path: str | Path) -> list[Prompt]:
     for i, r in enumerate(_jsonl(Path(path))):
         if not isinstance(r, dict):
             raise ValueError(f"{path} row {i}: expected a JSON object, got {type(r).__name__}")
+        prediction = r.get("prediction")
+        if prediction is not None and not isinstance(prediction, str):
+            raise ValueError(f"{path} row {i}: 'prediction' must be a string (the expected output)")
         if "messages" in r:
             m = r["messages"]
             if not (isinstance(m, list) and m and all(isinstance(x, dict) and isinstance(x.get("role"), str)
                                                        and isinstance(x.get("content"), str) for x in m)):
                 raise ValueError(f"{path} row {i}: 'messages' must be a non-empty list of "
                                  "{\"role\": ..., \"content\": ...} objects with string values")
-            out.append(Prompt(str(r.get("id", i)), r.get("category", "custom"), messages=tuple(r["messages"])))
+            out.append(Prompt(str(r.get("id", i)), r.get("category", "custom"), messages=tuple(r["messages"]),
+                              prediction=prediction))
         elif "prompt" in r:
-            out.append(Prompt(str(r.get("id", i)), r.get("category", "custom"), text=r["prompt"]))
+            out.append(Prompt(str(r.get("id", i)), r.get("category", "custom"), text=r["prompt"],
+                              prediction=prediction))
         else:
             raise ValueError(f"{path} row {i}: needs a 'prompt' or 'messages' field")
     return out

@@ -97,6 +97,7 @@ class Request:
     num_draft_tokens: int | None = None  # None: the policy's; an integer fixes D (0: speculation off)
     logprobs: int | None = None  # None: none; k >= 0: each token's logprob and its top k alternatives
     private: bool = False  # its text is neither read from nor added to state shared across requests
+    prediction: list[int] | None = None  # the expected output (OpenAI's Predicted Outputs), a draft source
     t0: float = field(default_factory=time.perf_counter)  # arrival; chunk times count from here
     cancelled: bool = False
 
@@ -177,6 +178,20 @@ def check_request(target, drafter, prompt_ids: list[int], max_tokens: int, d_max
     bad = [t for t in prompt_ids if not 0 <= t < target.vocab_size]
     if bad:
         raise ValueError(f"prompt token ids out of range [0, {target.vocab_size}): {bad[:5]}")
+
+
+def check_prediction(target, prompt_ids: list[int], prediction: list[int] | None) -> None:
+    """ValueError naming the problem for a prediction the context cannot hold beside the prompt
+    (its rejected tokens count against the context, as OpenAI's do) or with unknown token ids."""
+    if not prediction:
+        return
+    need = len(prompt_ids) + len(prediction)
+    if need > target.max_context:
+        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + prediction ({len(prediction)} tokens) = {need} "
+                         f"exceeds the context of {target.max_context} tokens; send a shorter prediction")
+    bad = [t for t in prediction if not 0 <= t < target.vocab_size]
+    if bad:
+        raise ValueError(f"prediction token ids out of range [0, {target.vocab_size}): {bad[:5]}")
 
 
 def check_draft_len(d) -> int | str:

@@ -43,7 +43,8 @@ from draftwise.output import OutputTracker
 from draftwise.policy import DraftPolicy, FixedDraftLength, RoundOutcome, StepTimes
 from draftwise.proposing import Drafting
 from draftwise.prefix_reuse import Sequences
-from draftwise.request import Request, RequestState, Round, TokenLogprobs, check_draft_len, check_request
+from draftwise.request import (Request, RequestState, Round, TokenLogprobs, check_draft_len, check_prediction,
+                               check_request)
 from draftwise.sampling import argmax, sample, warp
 from draftwise.verifier import Scored, Verifier
 from draftwise.verify import rejection_sample, rejection_sample_tree
@@ -124,6 +125,7 @@ class Scheduler:
     def validate(self, req: Request) -> None:
         """ValueError naming what makes the request impossible to run."""
         self.check(req.prompt_ids, req.max_tokens, req.num_draft_tokens)
+        check_prediction(self.target, req.prompt_ids, req.prediction)
         OutputTracker(self.tokenizer, req.max_tokens, req.stop)  # bad stop strings fail here
 
     def submit(self, req: Request) -> None:
@@ -215,6 +217,8 @@ class Scheduler:
         req, p = st.req, st.req.params
         if req.private and self.drafter is not None:
             self.drafter.isolate(st.key)
+        if self.drafter is not None:  # none: a kept prompt's key forgets the last request's
+            self.drafter.predict(st.key, req.prediction or [], len(req.prompt_ids))
         st.out = OutputTracker(self.tokenizer, req.max_tokens, req.stop)
         st.gen = None if p.greedy else p.generator()
         t = time.perf_counter()

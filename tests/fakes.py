@@ -77,6 +77,9 @@ class CheapDrafter:
     def isolate(self, seq_key):
         pass
 
+    def predict(self, seq_key, tokens, start):
+        pass
+
     def release(self, seq_key, context=None):
         pass
 

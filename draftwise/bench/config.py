@@ -20,18 +20,24 @@ _PLAN = ("configs", "workload", "n_per_category", "seed", "repeats", "warmup", "
 _JUDGING = ("goal",)  # how results are judged, not how they are measured: free to change between runs
 
 
+PREDICTION = "+prediction"  # a configuration (or a server's label) ending so sends the prompts' predictions
+
+
 @dataclass(frozen=True, slots=True)
 class RunConfig:
     """One configuration: `plain`, `DRAFTER:D` in process, or a server's label."""
     name: str
     drafter: str  # "none" | "ngram" | "model" | "suffix" | "suffix-tree" | "head" | "auto" | "endpoint"
     num_draft_tokens: int | str = 0  # D, or "auto" (the planner's choice); 0 for plain decoding and servers
+    prediction: bool = False  # send each prompt's prediction (a workload row's `prediction`)
 
     @staticmethod
     def parse(text: str) -> list[RunConfig]:
-        """'plain' | 'ngram:4' | 'model:2,4,8' (a sweep over D: one configuration per D) | 'ngram:auto'."""
+        """'plain' | 'ngram:4' | 'model:2,4,8' (a sweep over D: one configuration per D) | 'ngram:auto';
+        a trailing '+prediction' sends each prompt's prediction ('ngram:auto+prediction')."""
         if text == "plain":
             return [RunConfig("plain", "none")]
+        text, plus, _ = text.partition(PREDICTION)
         kind, _, ds = text.partition(":")
         if kind not in _DRAFTERS or not ds:
             raise ValueError(f"unknown configuration {text!r}: use plain, or DRAFTER:D with DRAFTER one of "
@@ -42,7 +48,7 @@ class RunConfig:
             raise ValueError(f"configuration {text!r}: D must be integers or auto") from None
         if any(d != "auto" and d < 1 for d in values):
             raise ValueError(f"configuration {text!r}: D must be >= 1")
-        return [RunConfig(f"{kind}:{d}", kind, d) for d in values]
+        return [RunConfig(f"{kind}:{d}{plus}", kind, d, bool(plus)) for d in values]
 
 
 def parse_configs(items: list[str] | tuple[str, ...]) -> list[RunConfig]:
@@ -126,7 +132,7 @@ class BenchConfig(ModelFields):
 
     def run_configs(self) -> list[RunConfig]:
         if self.endpoints:
-            return [RunConfig(name, "endpoint") for name in self.endpoints]
+            return [RunConfig(name, "endpoint", prediction=name.endswith(PREDICTION)) for name in self.endpoints]
         return parse_configs(self.configs)
 
     def conditions(self) -> dict:

@@ -184,6 +184,8 @@ class EndpointTarget:
             b["top_k"] = kw["top_k"]  # an extension (vLLM, SGLang, llama-server), not OpenAI's
         if kw.get("seed") is not None:
             b["seed"] = kw["seed"]
+        if kw.get("prediction"):  # OpenAI's Predicted Outputs
+            b["prediction"] = {"type": "content", "content": kw["prediction"]}
         chat = self.api == "chat" and prompt.messages is not None
         if self.logprobs:
             b.update({"logprobs": True, "top_logprobs": 2} if chat else {"logprobs": 2})

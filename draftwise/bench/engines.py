@@ -35,7 +35,7 @@ def build_targets(cfg: BenchConfig, engines: dict[str, Engine] | None = None, to
 def build_engines(cfg: BenchConfig) -> dict[str, Engine]:
     """Load the target once, and the draft model once if any configuration drafts with it, through
     the one loading path (draftwise.build), so backends, kernels and the vocabulary check are the CLI's."""
-    from draftwise.build import load_drafter, load_shared, load_target
+    from draftwise.build import load_drafter, load_shared, load_target, with_prediction
     from draftwise.policy_build import make_policy
 
     spec = cfg.engine_spec()
@@ -44,7 +44,8 @@ def build_engines(cfg: BenchConfig) -> dict[str, Engine]:
     shared = load_shared(spec, tok, runner, {c.drafter for c in run_cfgs})  # the draft model / head, loaded once
     out = {}
     for c in run_cfgs:  # one drafter per engine (its own request state) over the one draft runner
-        drafter = load_drafter(spec, tok, c.drafter, shared.get(c.drafter), target=runner, shared=shared)
+        drafter = with_prediction(load_drafter(spec, tok, c.drafter, shared.get(c.drafter), target=runner,
+                                               shared=shared))
         policy = make_policy(c.num_draft_tokens, runner, drafter, batch_sizes=_batch_sizes(cfg))
         out[c.name] = Engine(runner, tok, drafter, c.num_draft_tokens, policy=policy,
                              max_running=spec.max_running, prompt_cache_bytes=spec.prompt_cache_bytes)

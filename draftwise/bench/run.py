@@ -48,10 +48,12 @@ def plan(n_prompts: int, configs: list[str], repeats: int, concurrency: tuple[in
     return out
 
 
-def request_kwargs(cfg: BenchConfig, repeat: int, prompt_index: int) -> dict:
+def request_kwargs(cfg: BenchConfig, repeat: int, prompt_index: int, predicted: Prompt | None = None) -> dict:
+    """One request's settings; `predicted`: the prompt whose prediction it sends."""
     seed = None if cfg.sample_seed is None else cfg.sample_seed + 1000 * repeat + prompt_index
+    prediction = {"prediction": predicted.prediction} if predicted is not None and predicted.prediction else {}
     return {"max_tokens": cfg.max_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
-            "top_k": cfg.top_k, "seed": seed}
+            "top_k": cfg.top_k, "seed": seed, **prediction}
 
 
 def _fits(targets: dict, ids: list[int], max_tokens: int) -> bool:
@@ -89,6 +91,7 @@ def run_bench(cfg: BenchConfig, engines: dict[str, Engine] | None = None, tokeni
         if "resolved" in old.meta:
             check_conditions(old.meta["resolved"], resolved)
     work = plan(len(prompts), [c.name for c in cfg.run_configs()], cfg.repeats, cfg.concurrency)
+    by_name = {c.name: c for c in cfg.run_configs()}
     key = lambda w, i: request_key(w.repeat, prompts[i].id, w.config, w.concurrency)  # noqa: E731
     todo = [w for w in work if any(key(w, i) not in old.requests for i in w.prompts)]
     order = max((r.get("order", 0) for r in old.requests.values()), default=-1) + 1
@@ -103,7 +106,9 @@ def run_bench(cfg: BenchConfig, engines: dict[str, Engine] | None = None, tokeni
             _warm_up(cfg, targets, prompts[0], ids[0])
         bar = tqdm(total=len(work), initial=len(work) - len(todo), disable=not progress, unit="group")
         for w in todo:
-            reqs = [(prompts[i], ids[i], request_kwargs(cfg, w.repeat, i)) for i in w.prompts]
+            sends = by_name[w.config].prediction
+            reqs = [(prompts[i], ids[i], request_kwargs(cfg, w.repeat, i, prompts[i] if sends else None))
+                    for i in w.prompts]
             t_wall = time.time()
             recs, server = targets[w.config].run_group(reqs)
             for i, rec in zip(w.prompts, recs):

@@ -22,10 +22,16 @@ class AutoDrafter:
     runner = None
     tree = False  # its members propose chains (build.AUTO_CHOICES)
 
-    def __init__(self, members: dict[str, Drafter]):
+    def __init__(self, members: dict[str, Drafter], base: str | None = None):
         if not members:
             raise ValueError("drafter auto needs at least one drafter to choose from")
+        if base is not None and base not in members:
+            raise ValueError(f"drafter auto's base {base!r} is not among its members {', '.join(members)}")
         self.members = members
+        # a configured drafter composed with the prediction (build.with_prediction): the member
+        # drafting requests without a prediction alone, as it would uncomposed; None: --drafter auto
+        self.base = base
+        self.name = base or "auto"
         self.cheap_members = {n: d for n, d in members.items() if d.cheap}
         self.modelled = {n: d for n, d in members.items() if not d.cheap}
         heads = [d for d in self.modelled.values() if d.features is not None]
@@ -57,6 +63,10 @@ class AutoDrafter:
     def isolate(self, seq_key: int) -> None:
         for d in self.members.values():
             d.isolate(seq_key)
+
+    def predict(self, seq_key: int, tokens: list[int], start: int) -> None:
+        for d in self.members.values():
+            d.predict(seq_key, tokens, start)
 
     def release(self, seq_key: int, context: list[int] | None = None) -> None:
         for d in self.members.values():

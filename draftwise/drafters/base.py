@@ -82,7 +82,11 @@ class Drafter(Protocol):
     (up to its EOS or stop), including the last round's tokens, which no propose saw; None: the
     drafter keeps what its proposals saw.
     `isolate(seq_key)`: the request's text is neither read from nor added to state shared across
-    requests (the suffix drafter's global trie); `memory_nodes()`: the size of that shared state."""
+    requests (the suffix drafter's global trie); `memory_nodes()`: the size of that shared state.
+    `predict(seq_key, tokens, start)`: the request's predicted output (OpenAI's Predicted Outputs;
+    empty: it has none), its output beginning at context index `start`; called for every request
+    as it starts. Drafters that do not draft from predictions (all but drafters.prediction, and
+    auto over it) ignore it."""
 
     name: str
     max_context: int | None  # most tokens the drafter can hold, None = unbounded
@@ -107,6 +111,8 @@ class Drafter(Protocol):
     def observe(self, seq_key: int, start: int, feats: torch.Tensor) -> None: ...  # features only: [n, F]
 
     def isolate(self, seq_key: int) -> None: ...
+
+    def predict(self, seq_key: int, tokens: list[int], start: int) -> None: ...
 
     def release(self, seq_key: int, context: list[int] | None = None) -> None: ...
 

@@ -72,6 +72,9 @@ class ModelDrafter:
         """Can it draft after this context now? (A head also needs the target's features.)"""
         return True
 
+    def predict(self, seq_key: int, tokens: list[int], start: int) -> None:
+        pass  # drafts from its own source only
+
     def isolate(self, seq_key: int) -> None:
         pass  # nothing shared across requests
 

@@ -15,24 +15,37 @@ def ngram_propose(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> np.ndar
     Example: tokens = [1 2 3 4 1 2], min_n=1, max_n=3, k=2. The suffix [4 1 2] never occurred
     before; [1 2] did, at index 0, followed by [3 4] -> returns [3 4].
     """
-    L = len(tokens)
-    if L < min_n + 1 or k <= 0:
+    if k <= 0:
         return tokens[:0]
-    # candidate ends: earlier positions j (j <= L-2, so a token follows) holding the last token
-    ends = np.flatnonzero(tokens[: L - 1] == tokens[L - 1])
-    best = None
+    ends = suffix_matches(tokens, min_n, max_n)
+    if ends.size == 0:
+        return tokens[:0]
+    return tokens[ends[-1] + 1: ends[-1] + 1 + k]
+
+
+def suffix_matches(tokens: np.ndarray, min_n: int, max_n: int, limit: int | None = None) -> np.ndarray:
+    """Where the longest suffix of `tokens` (min_n <= n <= max_n) occurred earlier: the index of
+    each earlier occurrence's last token, ascending ([m]; empty if none). Occurrences end before
+    `limit` (default len(tokens) - 1, so a token follows each).
+
+    Example: tokens = [1 2 3 4 1 2], min_n=1, max_n=3 -> [1]: [1 2] ends at index 1."""
+    L = len(tokens)
+    limit = L - 1 if limit is None else min(limit, L - 1)
+    if L < min_n + 1:
+        return tokens[:0]
+    # candidate ends: earlier positions j < limit holding the last token
+    ends = np.flatnonzero(tokens[:limit] == tokens[L - 1])
+    best = tokens[:0]
     for i in range(1, max_n + 1):  # i = match length so far
         if ends.size == 0:
             break
         if i >= min_n:
-            best = ends[-1]  # most recent end among matches of length i
+            best = ends  # the matches of length i
         if i == max_n or L - 1 - i < 0:
             break
         ends = ends[ends - i >= 0]
         ends = ends[tokens[ends - i] == tokens[L - 1 - i]]
-    if best is None:
-        return tokens[:0]
-    return tokens[best + 1: best + 1 + k]
+    return best
 
 
 class NgramDrafter:
@@ -56,6 +69,9 @@ class NgramDrafter:
 
     def pending(self, seq_key: int, context: list[int]) -> int:
         return 0
+
+    def predict(self, seq_key: int, tokens: list[int], start: int) -> None:
+        pass  # drafts from its own source only
 
     def isolate(self, seq_key: int) -> None:
         pass  # nothing shared across requests

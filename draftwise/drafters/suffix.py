@@ -286,6 +286,9 @@ class SuffixDrafter:
     def pending(self, seq_key: int, context: list[int]) -> int:
         return 0
 
+    def predict(self, seq_key: int, tokens: list[int], start: int) -> None:
+        pass  # drafts from its own source only
+
     def isolate(self, seq_key: int) -> None:
         self.private.add(seq_key)
 
