@@ -15,7 +15,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from draftwise.request import Request
+from draftwise.request import Request, check_prediction
 from draftwise.sampling import SamplingParams
 from draftwise.scheduler import Scheduler
 from draftwise.server import auth, errors
@@ -81,7 +81,8 @@ def create_app(life: Lifecycle, cfg: ServeConfig, metrics: ServerMetrics) -> Fas
             ids = list(body.prompt)
         else:
             ids = await _tokenised(toks.encode(body.prompt), "prompt")
-        return await _serve(sched, toks, body, ids, Formatter(model_name, False, body.return_token_ids), http)
+        fmt = Formatter(model_name, False, body.return_token_ids, prediction=await _prediction(body, toks))
+        return await _serve(sched, toks, body, ids, fmt, http)
 
     @app.post("/v1/chat/completions", responses=_ERRORS)
     async def chat_completions(body: ChatCompletionRequest, http: HttpRequest):
@@ -91,12 +92,17 @@ def create_app(life: Lifecycle, cfg: ServeConfig, metrics: ServerMetrics) -> Fas
             body.max_tokens = body.max_completion_tokens
         msgs, prefix, generation_prompt = body.chat()
         ids = await _tokenised(toks.apply_chat(msgs, prefix, generation_prompt), "messages")
-        return await _serve(sched, toks, body, ids, Formatter(model_name, True, body.return_token_ids), http)
+        fmt = Formatter(model_name, True, body.return_token_ids, prediction=await _prediction(body, toks))
+        return await _serve(sched, toks, body, ids, fmt, http)
 
     async def _serve(sched: Scheduler, toks, body, ids: list[int], fmt: Formatter, http: HttpRequest):
         if cfg.max_prompt_tokens is not None and len(ids) > cfg.max_prompt_tokens:
             raise ApiError(400, f"the prompt has {len(ids)} tokens; this server takes at most "
                                 f"{cfg.max_prompt_tokens}", "messages" if fmt.chat else "prompt")
+        try:
+            check_prediction(sched.target, ids, fmt.prediction)
+        except ValueError as e:
+            raise ApiError(400, str(e), "prediction") from None
         max_tokens = body.max_tokens
         if max_tokens is None:  # chat: up to the context
             max_tokens = max(1, sched.target.max_context - len(ids) - sched.reserve)
@@ -109,7 +115,8 @@ def create_app(life: Lifecycle, cfg: ServeConfig, metrics: ServerMetrics) -> Fas
             fmt.piece = toks.piece
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         req = Request(ids, max_tokens, params, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
-                      body.stop_list(), body.draft_tokens(), logprobs=logprobs, private=body.private)
+                      body.stop_list(), body.draft_tokens(), logprobs=logprobs, private=body.private,
+                      prediction=fmt.prediction or None)
         try:
             sched.submit(req)
         except QueueFull as e:
@@ -180,11 +187,19 @@ async def _watch(http: HttpRequest, events: asyncio.Queue) -> None:
     events.put_nowait(None)
 
 
+async def _prediction(body, toks) -> list[int] | None:
+    """The request's prediction as token ids (None: it sent none)."""
+    if body.prediction is None:
+        return None
+    return await _tokenised(toks.encode(body.prediction.text()), "prediction")
+
+
 async def _tokenised(pending, param: str) -> list[int]:
     try:
         return await pending
     except Exception as e:  # noqa: BLE001 - e.g. a chat template that rejects the roles' order
-        what = "the chat template rejected the messages" if param == "messages" else "the prompt could not be tokenised"
+        what = ("the chat template rejected the messages" if param == "messages"
+                else f"the {param} could not be tokenised")
         raise ApiError(400, f"{what}: {e}", param) from None
 
 

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from draftwise.drafters.prediction import prediction_counts
 from draftwise.request import Chunk, GenerationResult, TokenLogprobs
 
 
@@ -21,6 +22,7 @@ class Formatter:
     chat: bool
     return_token_ids: bool = False
     piece: Callable[[int], str] | None = None  # token id -> its text; set when logprobs were asked for
+    prediction: list[int] | None = None  # the request's predicted output, tokenised: usage counts it
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     _offset: int = 0  # completions' text_offset, running over a stream
@@ -65,12 +67,16 @@ class Formatter:
             c["token_ids"] = token_ids
         return c
 
-    @staticmethod
-    def usage(result: GenerationResult) -> dict:
+    def usage(self, result: GenerationResult) -> dict:
         n = len(result.token_ids)
-        return {"prompt_tokens": result.prompt_tokens, "completion_tokens": n,
-                "total_tokens": result.prompt_tokens + n,
-                "prompt_tokens_details": {"cached_tokens": result.stats.cached_tokens}}
+        out = {"prompt_tokens": result.prompt_tokens, "completion_tokens": n,
+               "total_tokens": result.prompt_tokens + n,
+               "prompt_tokens_details": {"cached_tokens": result.stats.cached_tokens}}
+        if self.prediction is not None:  # OpenAI's meanings: draftwise.drafters.prediction.PredictionCounts
+            counts = prediction_counts(self.prediction, result.token_ids)
+            out["completion_tokens_details"] = {"accepted_prediction_tokens": counts.accepted,
+                                                "rejected_prediction_tokens": counts.rejected}
+        return out
 
     def whole(self, result: GenerationResult) -> dict:
         body = self._envelope([self._choice(result.text, result.finish_reason, result.token_ids, False,

@@ -3,7 +3,8 @@
 Parameters OpenAI defines but draftwise does not implement are accepted only at their neutral
 value (n=1, no echo, zero penalties, ...); anything else is a 400 that names them. `logprobs`
 (completions: 0–20 alternatives; chat: `logprobs` + `top_logprobs` 0–20) are the target's raw
-log-probabilities of each emitted token.
+log-probabilities of each emitted token. `prediction` (Predicted Outputs) is a draft source
+(draftwise.drafters.prediction); usage then reports its accepted and rejected tokens.
 draftwise's extensions: `top_k`, `speculation` (false: plain decoding for this request),
 `num_draft_tokens` (fix D for this request) and `return_token_ids` (token ids in each choice).
 
@@ -40,6 +41,24 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class ContentPart(BaseModel):
+    type: Literal["text"]
+    text: Text
+
+
+class Prediction(BaseModel):
+    """OpenAI's Predicted Outputs: the expected output (text, or text parts on chat), a draft source."""
+    type: Literal["content"]
+    content: Text | list[ContentPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class CompletionPrediction(Prediction):
+    content: Text  # completions take a string
+
+
 class _Common(BaseModel):
     model_config = ConfigDict(extra="allow")  # unknown fields are ignored, as OpenAI does
 
@@ -57,6 +76,7 @@ class _Common(BaseModel):
     frequency_penalty: Float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    prediction: Prediction | None = None
     # draftwise extensions
     speculation: bool = True
     num_draft_tokens: Annotated[int, Field(ge=0, le=64)] | None = None
@@ -91,17 +111,13 @@ class CompletionRequest(_Common):
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     best_of: int | None = None
     suffix: Text | None = None
+    prediction: CompletionPrediction | None = None
 
     def _unsupported(self) -> list[str]:
         batched = isinstance(self.prompt, list) and bool(self.prompt) and not isinstance(self.prompt[0], int)
         return [k for k, v in (("prompt", batched), ("echo", self.echo),
                                ("best_of", self.best_of not in (None, 1)),
                                ("suffix", bool(self.suffix))) if v]
-
-
-class ContentPart(BaseModel):
-    type: Literal["text"]
-    text: Text
 
 
 class Message(BaseModel):
