@@ -60,21 +60,22 @@ class Engine:
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
                stop: list[str] | None = None, num_draft_tokens: int | None = None,
                logprobs: int | None = None, private: bool = False,
-               prediction: str | list[int] | None = None) -> Iterator[Chunk]:
+               prediction: str | list[int] | None = None, constraint=None) -> Iterator[Chunk]:
         """One request's chunks as they are committed. An integer `num_draft_tokens` fixes D for this
         request; None (or "auto") keeps the engine's. `private`: the drafter neither reads nor keeps
         its text in state shared across requests (the suffix drafter's global trie). `prediction`:
-        the expected output (text or token ids), drafted from where the drafter takes predictions."""
+        the expected output (text or token ids), drafted from where the drafter takes predictions.
+        `constraint`: a draftwise.grammar.Grammar the output follows (a JSON schema, json_object)."""
         events: list = []
         req = self.request(prompt, events.append, max_tokens, temperature, top_p, top_k, seed, stop,
-                           num_draft_tokens, logprobs, private, prediction)
+                           num_draft_tokens, logprobs, private, prediction, constraint)
         self.scheduler.validate(req)  # bad input fails here, before the first chunk is asked for
         return self._events(req, events)
 
     def request(self, prompt: str | list[int], deliver, max_tokens: int = 128, temperature: float = 0.0,
                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None, stop: list[str] | None = None,
                 num_draft_tokens: int | None = None, logprobs: int | None = None, private: bool = False,
-                prediction: str | list[int] | None = None) -> Request:
+                prediction: str | list[int] | None = None, constraint=None) -> Request:
         """A Request for this engine's loop (not yet submitted)."""
         params = SamplingParams(temperature, top_p, top_k, seed)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -83,7 +84,7 @@ class Engine:
         if isinstance(prediction, str):
             prediction = self.tokenizer.encode(prediction)
         return Request(ids, max_tokens, params, deliver, list(stop or []), num_draft_tokens, logprobs,
-                       private=private, prediction=list(prediction) if prediction else None)
+                       private=private, prediction=list(prediction) if prediction else None, constraint=constraint)
 
     def _events(self, req: Request, events: list) -> Iterator[Chunk]:
         done = False

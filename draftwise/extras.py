@@ -22,6 +22,7 @@ EXTRAS = {
     "uvicorn": "server",
     "prometheus_client": "server",
     "matplotlib": "bench",
+    "llguidance": "grammar",
 }
 
 

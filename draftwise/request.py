@@ -98,6 +98,7 @@ class Request:
     logprobs: int | None = None  # None: none; k >= 0: each token's logprob and its top k alternatives
     private: bool = False  # its text is neither read from nor added to state shared across requests
     prediction: list[int] | None = None  # the expected output (OpenAI's Predicted Outputs), a draft source
+    constraint: object = None  # a draftwise.grammar.Grammar the output follows (JSON schema, tools); None: free text
     t0: float = field(default_factory=time.perf_counter)  # arrival; chunk times count from here
     cancelled: bool = False
 
@@ -123,6 +124,7 @@ class RequestState:
     logprobs: list[TokenLogprobs] | None = None
     prompt_logits: torch.Tensor | None = None  # [1, V] kept with the prompt's KV (draftwise.prefix_reuse)
     wants_features: bool = False  # this step's target forward returns the features its drafter reads
+    constraint: object = None  # the grammar's state after the committed output (draftwise.grammar.Constraint)
 
     def commit(self, tokens: list[int], from_round: bool | None, logprobs: list[TokenLogprobs] | None) -> Chunk:
         """Add tokens to the output (the emitted ones; those past a stop are discarded) and

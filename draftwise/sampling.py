@@ -86,6 +86,19 @@ def _keep_prefix(vals: torch.Tensor, order: torch.Tensor, top_p: float, like: to
     return torch.zeros_like(like).scatter_(-1, order, vals.masked_fill(drop, 0.0))
 
 
+def mask_logits(
+    logits: torch.Tensor,  # [N, V]
+    allowed: torch.Tensor,  # [N, V] bool: a grammar's mask per row (draftwise.grammar)
+) -> torch.Tensor:  # [N, V]
+    """The logits with every token the mask refuses at -inf: warped, they give the masked,
+    renormalised distribution p' (temperature, top-k and top-p then act on the allowed tokens);
+    their argmax is the best allowed token."""
+    if allowed.shape != logits.shape:
+        raise ValueError(f"mask {tuple(allowed.shape)} must match the logits {tuple(logits.shape)}: "
+                         "compile the grammar for the target's vocabulary size")
+    return logits.masked_fill(~allowed, float("-inf"))
+
+
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """Row-wise argmax of [..., V] logits, the first of equal maxima (as torch.argmax); [...] int64.
     On CPU through NumPy: torch's CPU argmax walks a 152k vocabulary in ~0.2 ms a row and its

@@ -37,15 +37,16 @@ from typing import NamedTuple
 import torch
 
 from draftwise.backends.base import ModelRunner, padded_parts
+from draftwise.constrained import constrain, forced_run
 from draftwise.drafters.base import Drafter, Proposal
 from draftwise.observer import NullObserver, Observer
 from draftwise.output import OutputTracker
 from draftwise.policy import DraftPolicy, FixedDraftLength, RoundOutcome, StepTimes
-from draftwise.proposing import Drafting
+from draftwise.proposing import Drafting, Drafts
 from draftwise.prefix_reuse import Sequences
 from draftwise.request import (Request, RequestState, Round, TokenLogprobs, check_draft_len, check_prediction,
                                check_request)
-from draftwise.sampling import argmax, sample, warp
+from draftwise.sampling import argmax, mask_logits, sample, warp
 from draftwise.verifier import Scored, Verifier
 from draftwise.verify import rejection_sample, rejection_sample_tree
 from draftwise.waiting import ShuttingDown, WaitingQueue
@@ -63,6 +64,8 @@ class Drafted(NamedTuple):
     st: RequestState
     prop: Proposal
     shadow: Proposal | None  # the candidate a plain step was chosen over (policy.learn)
+    forced: bool = False  # a grammar's forced run, not the policy's draft (draftwise.constrained)
+    masks: torch.Tensor | None = None  # [d+1, V] bool: the grammar's mask per verified row
 
 
 class Scheduler:
@@ -127,6 +130,9 @@ class Scheduler:
         self.check(req.prompt_ids, req.max_tokens, req.num_draft_tokens)
         check_prediction(self.target, req.prompt_ids, req.prediction)
         OutputTracker(self.tokenizer, req.max_tokens, req.stop)  # bad stop strings fail here
+        if req.constraint is not None and req.constraint.vocab_size != self.target.vocab_size:
+            raise ValueError(f"the grammar was compiled for {req.constraint.vocab_size} tokens, the target has "
+                             f"{self.target.vocab_size}: compile it with Grammars(tokenizer, target.vocab_size)")
 
     def submit(self, req: Request) -> None:
         self.validate(req)
@@ -234,7 +240,13 @@ class Scheduler:
             dt = time.perf_counter() - t
             self.observer.forward("prefill", 1, len(new), dt)
             self.observer.phase("prefill", dt)
-        first = int(argmax(logits[-1])) if p.greedy else sample(warp(logits[-1:], p)[0], st.gen)
+        row = logits[-1:]  # [1, V]
+        if req.constraint is not None:  # the grammar masks the first token too
+            st.constraint = req.constraint.start()
+            row = mask_logits(row, st.constraint.allowed()[None])
+        first = int(argmax(row[-1])) if p.greedy else sample(warp(row, p)[0], st.gen)
+        if st.constraint is not None:
+            st.constraint.advance([first])
         if self.seqs.keeps_prompts:
             st.prompt_logits = logits.clone()
         st.stats.plain_steps += 1
@@ -247,9 +259,14 @@ class Scheduler:
         t_step = time.perf_counter()
         for st in batch:
             st.wants_features = False  # until the step's choices ask for the features (draftwise.policy)
-        drafts = self.policy.draft(batch, self.drafting)  # propose
+        # a grammar's forced run is a free draft; the policy drafts for the others
+        free = {st: run for st in batch if (run := self._try(st, forced_run, st, self.max_draft)) is not None}
+        ask = [st for st in batch if st not in free and st in self._running]
+        drafts = self.policy.draft(ask, self.drafting) if ask else Drafts([])  # propose
         t_draft = time.perf_counter() - t_step
-        live = [Drafted(st, d.proposal, d.unverified) for st, d in zip(batch, drafts.items) if d is not None]
+        live = [Drafted(st, run, None, True) for st, run in free.items()]
+        live += [Drafted(st, d.proposal, d.unverified) for st, d in zip(ask, drafts.items) if d is not None]
+        live = [c for d in live if (c := self._try(d.st, _constrained, d)) is not None]
         if not live:
             return
         fwd = self.verifier.step([d.st for d in live], [d.prop for d in live], self._try)  # verify: one forward
@@ -268,8 +285,8 @@ class Scheduler:
     def _commit_round(self, d: Drafted, scored: Scored, t_fwd: float, t_step: float) -> float:
         """Verify and commit one request's round; returns the seconds of its work per emitted token."""
         t_req = time.perf_counter()
-        (st, prop, shadow), (logits, feats) = d, scored
-        res, rows, warped, depth = self.verifier.accept(st, prop, logits)
+        (st, prop, shadow), (logits, feats) = d[:3], scored
+        res, rows, warped, depth = self.verifier.accept(st, prop, logits, d.masks)
         if feats is not None:  # the features of the positions the target KV now holds
             self.drafter.observe(st.key, len(st.ctx) - 1, feats[: res.num_accepted + 1])
         st.stats.verify_s += t_fwd + time.perf_counter() - t_req  # each request waited for all the forward
@@ -281,8 +298,9 @@ class Scheduler:
         else:
             st.stats.plain_steps += 1
         st.ctx += res.tokens
-        self.policy.accept(st, RoundOutcome(prop, res, rows, st.req.params, time.perf_counter() - t_step, shadow,
-                                            None if warped is None else warped[0]))
+        if not d.forced:  # the policy neither drafted nor learns from a grammar's forced run
+            self.policy.accept(st, RoundOutcome(prop, res, rows, st.req.params, time.perf_counter() - t_step,
+                                                shadow, None if warped is None else warped[0]))
         t_tok = time.perf_counter()  # work per emitted token (logprobs, text, delivery)
         self._commit(st, res.tokens, bool(prop.tokens), _logprobs(st.req, rows[: len(res.tokens)], res.tokens))
         return time.perf_counter() - t_tok
@@ -334,6 +352,14 @@ class Scheduler:
             return True
         except Exception:  # noqa: BLE001 - e.g. the client's event loop is gone
             return False
+
+
+def _constrained(d: Drafted) -> Drafted:
+    """A constrained request's draft cut to what its grammar allows, with the masks (draftwise.constrained)."""
+    if d.st.constraint is None:
+        return d
+    prop, masks = constrain(d.st, d.prop)
+    return d._replace(prop=prop, masks=masks)
 
 
 def _logprobs(req: Request, logits: torch.Tensor, tokens: list[int]) -> list[TokenLogprobs] | None:

