@@ -158,3 +158,33 @@ def test_a_prediction_too_long_for_the_context_or_out_of_the_vocabulary_is_refus
         eng.generate([0, 1, 2], max_tokens=4, prediction=[1] * 70)
     with pytest.raises(ValueError, match=r"prediction token ids out of range \[0, 16\): \[99\]"):
         eng.generate([0, 1, 2], max_tokens=4, prediction=[1, 99])
+
+
+def test_bench_sends_a_rows_prediction_from_configurations_that_ask(tmp_path):
+    import json
+
+    from draftwise.bench.config import BenchConfig, RunConfig
+    from draftwise.bench.run import run_bench
+    from draftwise.prompts import from_jsonl
+
+    assert RunConfig.parse("ngram:2,auto+prediction") == [RunConfig("ngram:2+prediction", "ngram", 2, True),
+                                                          RunConfig("ngram:auto+prediction", "ngram", "auto", True)]
+    chars = lambda ids: "".join(chr(ord("a") + t) for t in ids)  # noqa: E731 - CharTokenizer's text
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"id": "p", "category": "edit", "prompt": chars(SCRIPT[:START]),
+                                "prediction": chars(SCRIPT[START:START + 30])}) + "\n")
+    assert from_jsonl(path)[0].prediction == chars(SCRIPT[START:START + 30])
+    runner, tok = ScriptRunner(SCRIPT), CharTokenizer()
+    engines = {"plain": Engine(runner, tok), "ngram:4": Engine(runner, tok, with_prediction(NgramDrafter(1, 3)), 4),
+               "ngram:4+prediction": Engine(runner, tok, with_prediction(NgramDrafter(1, 3)), 4)}
+    cfg = BenchConfig(target="fake", workload=str(path), n_per_category=None, max_tokens=30,
+                      configs=tuple(engines), out_dir=str(tmp_path / "out"), context_edges=(8,), warmup=0)
+    out = run_bench(cfg, engines=engines, tokenizer=tok, progress=False)
+    recs = {r["config"]: r for r in map(json.loads, open(out)) if r["kind"] == "request"}
+    assert recs["plain"]["token_ids"] == recs["ngram:4"]["token_ids"] == recs["ngram:4+prediction"]["token_ids"]
+    assert recs["ngram:4+prediction"]["stats"]["accepted_draft_tokens"] >= 20  # 29 tokens after the first
+    assert recs["ngram:4"]["stats"]["accepted_draft_tokens"] < 10  # no prediction sent: n-gram alone
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "ab", "prediction": ["a"]}) + "\n")
+    with pytest.raises(ValueError, match="'prediction' must be a string"):
+        from_jsonl(bad)
