@@ -43,7 +43,7 @@ def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
                         "request's output is evicted past it")
     p.add_argument("--auto-members", type=_members, default=d["auto_members"].default,
                    help="drafter auto: the drafters it chooses among each round, comma-separated, of ngram, "
-                        f"suffix, model, head (default {','.join(AUTO_MEMBERS)})")
+                        f"suffix, model, head, prediction (default {','.join(AUTO_MEMBERS)})")
     assert set(ModelFields.__dataclass_fields__) <= {a.dest for a in p._actions}
 
 
