@@ -89,7 +89,7 @@ def cmd_generate(a) -> int:
         counts = prediction_counts(prediction, runs[label].token_ids)
         print(f"prediction: {len(prediction)} tokens, {counts.accepted} accepted (in the output), "
               f"{counts.rejected} rejected")
-    if a.drafter == "auto" and runs[label].decisions:
+    if any(p.drafter for p in runs[label].decisions or ()):  # auto, or a drafter composed with the prediction
         chosen = Counter(p.drafter for p in runs[label].decisions)
         print("steps by drafter chosen: " + ", ".join(f"{n} {c}" for n, c in chosen.most_common()))
     if "plain" in runs and label != "plain":
