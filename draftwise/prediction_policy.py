@@ -37,7 +37,7 @@ class PredictionRouting(DraftPolicy):
             return self.alone.draft(batch, replace(drafting, drafter=drafting.drafter.members[self.base]))
         if len(predicted) == len(batch):
             return self.choice.draft(batch, drafting)
-        rest = [i for i in range(len(batch)) if i not in set(predicted)]
+        rest = [i for i, st in enumerate(batch) if not st.req.prediction]
         items: list = [None] * len(batch)
         for idx, drafts in ((rest, self.draft([batch[i] for i in rest], drafting)),
                             (predicted, self.choice.draft([batch[i] for i in predicted], drafting))):

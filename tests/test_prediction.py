@@ -188,3 +188,18 @@ def test_bench_sends_a_rows_prediction_from_configurations_that_ask(tmp_path):
     bad.write_text(json.dumps({"prompt": "ab", "prediction": ["a"]}) + "\n")
     with pytest.raises(ValueError, match="'prediction' must be a string"):
         from_jsonl(bad)
+
+
+def test_a_batch_mixing_requests_with_and_without_a_prediction_stays_exact():
+    out = SCRIPT[START:START + 40]
+    runner, tok = ScriptRunner(SCRIPT), CharTokenizer()
+    plain = Engine(runner, tok).generate(SCRIPT[:START], max_tokens=40)
+    drafter = with_prediction(NgramDrafter(1, 3))
+    eng = Engine(runner, tok, drafter, "auto", policy=routed(drafter))
+    got = {}
+    reqs = [eng.request(SCRIPT[:START], lambda ev, i=i: got.__setitem__(i, ev.result) if ev.result else None,
+                        max_tokens=40, prediction=out if i % 2 else None) for i in range(4)]
+    eng.run_batch(reqs)
+    assert all(got[i].token_ids == plain.token_ids for i in range(4))
+    assert all(got[i].stats.accepted_draft_tokens >= 30 for i in (1, 3))  # drafted from their predictions
+    assert all({p.drafter for p in got[i].decisions} == {None} for i in (0, 2))  # n-gram alone
