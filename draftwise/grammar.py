@@ -173,7 +173,7 @@ class Constraint:
 
     @property
     def finished(self) -> bool:
-        return self.m.is_stopped() or (self.m.is_accepting() and not bool(self._only_eos()))
+        return self.m.is_stopped() or (self.m.is_accepting() and self._only_eos())
 
     def _only_eos(self) -> bool:
         row = self.allowed()

@@ -178,17 +178,20 @@ def _draw(engine: Engine, ids: list[int], m: int, keep: int, seeds: range, kw: d
 def check_sampling(plain: Engine, spec: Engine, prompts: list[list[int]], temperature: float, top_p: float = 1.0,
                    top_k: int = 0, samples: int | None = None, positions: int = 3, min_tv: float = 0.1,
                    alpha: float = 0.05, power: float = 0.8, plain_samples: dict | None = None,
-                   predict_bias: bool = True, progress=None) -> SamplingReport:
+                   predict_bias: bool = True, progress=None, constraint=None) -> SamplingReport:
     """Compare N speculative and N plain samples of the first `positions` tokens of each prompt.
     `plain_samples` (prompt index -> samples) lets several checks share one plain run;
-    `predict_bias` also computes the bias the known bug would cause at position 1 per prompt."""
+    `predict_bias` also computes the bias the known bug would cause at position 1 per prompt
+    (unconstrained only: the prediction does not apply the grammar's mask). `constraint` (a
+    draftwise.grammar.Grammar): the constrained mode, both sides following the grammar."""
     if temperature <= 0:
         raise ValueError("the sampling check needs temperature > 0; use check_greedy at 0")
     n_tests = positions * len(prompts)
     need = required_samples(min_tv, alpha, power, n_tests)
     n = samples or need
     rep = SamplingReport(n, positions, min_tv, alpha, power, need, math.ceil(min_tv * n))
-    kw = dict(temperature=temperature, top_p=top_p, top_k=top_k)
+    kw = dict(temperature=temperature, top_p=top_p, top_k=top_k, constraint=constraint)
+    predict_bias = predict_bias and constraint is None
     for i, ids in enumerate(prompts):
         if plain_samples is not None and i in plain_samples:
             base = plain_samples[i]
@@ -232,13 +235,15 @@ class GreedyReport:
         return "\n".join(lines)
 
 
-def check_greedy(plain: Engine, spec: Engine, prompts: list[list[int]], max_tokens: int = 64) -> GreedyReport:
+def check_greedy(plain: Engine, spec: Engine, prompts: list[list[int]], max_tokens: int = 64,
+                 constraint=None) -> GreedyReport:
+    """`constraint` (a draftwise.grammar.Grammar): speculation against constrained plain decoding."""
     rep = GreedyReport(len(prompts))
     tok = plain.tokenizer
     for i, ids in enumerate(prompts):
-        a = plain.generate(ids, max_tokens=max_tokens).token_ids
+        a = plain.generate(ids, max_tokens=max_tokens, constraint=constraint).token_ids
         plain.release()  # the kept prompt state: the engines share one runner, which may hold one sequence
-        b = spec.generate(ids, max_tokens=max_tokens).token_ids
+        b = spec.generate(ids, max_tokens=max_tokens, constraint=constraint).token_ids
         spec.release()
         j = first_divergence(a, b)
         if j is not None:

@@ -20,6 +20,9 @@ root, row i + 1 node i. The accepted tokens are then the nodes of one root-to-no
 p are the target's probabilities and q the drafter's, both after the same temperature / top-k /
 top-p warping (`draftwise.sampling.warp`). Resampling from p instead of the residual at a
 rejection would bias the output; the residual is what keeps the target distribution exact.
+Under a grammar (draftwise.constrained) the same functions take the masked, renormalised p' and q'
+(the mask applied to the logits before warping; greedy: logits at -inf where refused), so the rule
+is min(1, p'/q') and the residual norm(max(0, p' - q')), with no state of their own.
 """
 from __future__ import annotations
 

@@ -142,10 +142,24 @@ def gof(outs: list[tuple], probs: dict, n: int) -> float:
 
 def test_sampled_output_follows_the_exact_constrained_distribution_and_a_wrong_rule_does_not(grammars):
     g = grammars.json_schema(PAIR)
-    params, n, samples = SamplingParams(temperature=1.0), 7, 1600
+    params, n, samples = SamplingParams(temperature=1.0), 7, 1200
     probs = exact(TableRunner(scale=1.5), g, 0, n, params)
     assert abs(sum(probs.values()) - 1) < 1e-3
     good = Engine(TableRunner(scale=1.5), TOK, TableDrafter(scale=1.5), 4)
     assert gof(draws(good, g, n, samples, params), probs, n) > 1e-3
     bad = Engine(TableRunner(scale=1.5), TOK, TableDrafter(scale=1.5), 4, **BUGS["resample-from-p"])
     assert gof(draws(bad, g, n, samples, params), probs, n) < 1e-3  # seeded: the same draws every run
+
+
+@pytest.mark.parametrize("bug, verdict", [(None, "PASS"), ("resample-from-p", "FAIL")])
+def test_verify_in_constrained_mode_passes_the_rule_and_flags_the_bug(grammars, bug, verdict):
+    from draftwise.losscheck import check_greedy, check_sampling
+
+    g, target = grammars.json_schema(PAIR), TableRunner(scale=1.5)
+    plain = Engine(target, TOK, reuse_prefix=True)
+    # the target's own table, sharper: q near one-hot on the target's favourite, which the bug biases most
+    spec = Engine(target, TOK, TableDrafter(seed=0, scale=3.0), 4, reuse_prefix=True, **(BUGS[bug] if bug else {}))
+    rep = check_sampling(plain, spec, [[0]], temperature=1.0, positions=6, samples=600, min_tv=0.12, constraint=g)
+    assert rep.verdict == verdict, rep.summary()
+    assert not rep.bug_bias  # the bug's predicted bias ignores the mask: not reported in this mode
+    assert check_greedy(plain, spec, [[0], [3]], max_tokens=40, constraint=g).verdict == "PASS"
