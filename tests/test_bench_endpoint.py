@@ -349,3 +349,14 @@ def test_vllm_counters_and_stream_from_recorded_responses():
     assert rec["emitted_tokens"] == 40 and rec["tokens_from"] == "usage" and rec["text"].startswith("def")
     assert len(rec["tokens"]) == 40 and len(rec["itl_s"]) == 18  # 19 chunks of tokens: a time between each
     assert rec["tokens"][0] == "def" and rec["margins"][0] == pytest.approx(-0.2604987 + 1.5104988, abs=1e-5)
+
+
+def test_a_prediction_is_sent_as_openais_predicted_outputs(server):
+    from draftwise.bench.config import BenchConfig
+
+    EndpointTarget(server.url).run_one(PROMPT, [0, 1, 2], {**KW, "prediction": "def f(): pass"})
+    assert server.bodies[-1][1]["prediction"] == {"type": "content", "content": "def f(): pass"}
+    EndpointTarget(server.url).run_one(PROMPT, [0, 1, 2], KW)
+    assert "prediction" not in server.bodies[-1][1]
+    cfg = BenchConfig(endpoints={"dw": server.url, "dw+prediction": server.url})
+    assert [(c.name, c.prediction) for c in cfg.run_configs()] == [("dw", False), ("dw+prediction", True)]
