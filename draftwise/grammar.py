@@ -22,6 +22,7 @@ separators are forced tokens and no answer can loop on whitespace.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,15 +122,18 @@ class Constraint:
     def __init__(self, matcher, vocab_size: int, eos: list[int]):
         self.m, self.vocab_size, self.eos = matcher, vocab_size, eos
         self.pending = 0  # draft tokens walked and not yet settled
+        self.seconds = 0.0  # spent in the grammar: masks, walks, rollbacks (SpecStats.grammar_s)
 
     def allowed(self) -> torch.Tensor:  # [V] bool
+        t = time.perf_counter()
         if self.m.is_stopped():  # complete (or an EOS consumed): only EOS may follow
             row = torch.zeros(self.vocab_size, dtype=torch.bool)
             row[self.eos] = True
-            return row
-        bits = np.frombuffer(self.m.compute_bitmask(), np.uint8)
-        row = torch.from_numpy(np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool))
-        self._check()
+        else:
+            bits = np.frombuffer(self.m.compute_bitmask(), np.uint8)
+            row = torch.from_numpy(np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool))
+            self._check()
+        self.seconds += time.perf_counter() - t
         return row
 
     def walk(self, draft: list[int]) -> torch.Tensor:
@@ -137,7 +141,9 @@ class Constraint:
         mask after the first i tokens, which stay consumed (pending) until `settle`."""
         if self.pending:
             raise RuntimeError("settle the last walked draft before walking another")
+        t = time.perf_counter()
         n = self.m.validate_tokens(draft) if draft else 0
+        self.seconds += time.perf_counter() - t
         rows = [self.allowed()]
         for t in draft[:n]:
             self._consume(t)
@@ -155,7 +161,10 @@ class Constraint:
 
     def rollback(self, n: int) -> None:
         """Forget the last n consumed tokens."""
-        if n and not self.m.rollback(n):
+        t = time.perf_counter()
+        ok = not n or self.m.rollback(n)
+        self.seconds += time.perf_counter() - t
+        if not ok:
             raise RuntimeError(f"the grammar could not roll back {n} tokens: {_first_line(self.m.get_error())}")
 
     def advance(self, tokens: list[int]) -> None:
@@ -168,8 +177,11 @@ class Constraint:
         """Up to `limit` tokens the grammar fixes from here (each allowed in turn)."""
         if limit < 1 or self.m.is_stopped():
             return []
+        t = time.perf_counter()
         run = self.m.compute_ff_tokens()[:limit]
-        return run[: self.m.validate_tokens(run)] if run else []
+        run = run[: self.m.validate_tokens(run)] if run else []
+        self.seconds += time.perf_counter() - t
+        return run
 
     @property
     def finished(self) -> bool:
@@ -180,10 +192,10 @@ class Constraint:
         return bool(row.any()) and bool(row[self.eos].sum() == row.sum())
 
     def _consume(self, t: int) -> None:
-        if t in self.eos and self.m.is_accepting():
-            self.m.consume_token(t)
-            return
-        if not self.m.consume_token(t):
+        t0 = time.perf_counter()
+        ok = self.m.consume_token(t) or (t in self.eos and self.m.is_accepting())
+        self.seconds += time.perf_counter() - t0
+        if not ok:
             raise RuntimeError(f"token {t} is not allowed by the grammar here: {_first_line(self.m.get_error())}")
 
     def _check(self) -> None:

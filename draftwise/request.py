@@ -151,6 +151,7 @@ class RequestState:
         s = self.stats
         s.wall_s = self.times[-1]
         s.other_s = s.wall_s - s.prefill_s - s.draft_s - s.verify_s
+        s.grammar_s = self.constraint.seconds if self.constraint is not None else 0.0
         return GenerationResult(self.out.text, self.out.token_ids, len(self.req.prompt_ids), self.out.finish_reason,
                                 s, self.ttft, self.times, self.rounds, self.logprobs, self.decisions)
 

@@ -18,7 +18,8 @@ Counters (words as defined in `draftwise.verify`):
   prefill (OpenAI's usage.prompt_tokens_details.cached_tokens).
 Times in seconds: prefill_s (prompt forward, first token), draft_s, verify_s (target forwards
 and the acceptance test of rounds and plain steps), other_s (the rest of wall_s: bookkeeping,
-stop checks, detokenising, callbacks).
+stop checks, detokenising, callbacks); grammar_s: of these, the time in a constrained request's
+grammar (masks, walks through drafts, rollbacks: draftwise.grammar).
 
 Derived:
 - acceptance_rate = accepted_draft_tokens / proposed_tokens
@@ -49,6 +50,7 @@ class SpecStats:
     verify_s: float = 0.0
     other_s: float = 0.0
     wall_s: float = 0.0
+    grammar_s: float = 0.0
     requests: int = 1
     # with --num-draft-tokens auto: measured prefill plus the planner's predicted seconds for the
     # steps it planned, and the same for plain steps emitting the same expected tokens (their
@@ -131,7 +133,7 @@ _ROWS = (
     ("acceptance_length", "{:.2f}"), ("verification_rounds", "{:d}"), ("tree_rounds", "{:d}"),
     ("plain_steps", "{:d}"),
     ("discarded_tokens", "{:d}"), ("prefill_s", "{:.2f}"), ("draft_s", "{:.2f}"), ("verify_s", "{:.2f}"),
-    ("other_s", "{:.3f}"), ("wall_s", "{:.2f}"),
+    ("other_s", "{:.3f}"), ("grammar_s", "{:.3f}"), ("wall_s", "{:.2f}"),
 )
 
 

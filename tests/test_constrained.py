@@ -163,3 +163,18 @@ def test_verify_in_constrained_mode_passes_the_rule_and_flags_the_bug(grammars, 
     assert rep.verdict == verdict, rep.summary()
     assert not rep.bug_bias  # the bug's predicted bias ignores the mask: not reported in this mode
     assert check_greedy(plain, spec, [[0], [3]], max_tokens=40, constraint=g).verdict == "PASS"
+
+
+def test_the_cli_takes_a_schema_file_or_json_object(tmp_path):
+    from draftwise.cli import _constraint, build_parser
+
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(PAIR))
+    ap = build_parser()
+    a = ap.parse_args(["generate", "--json-schema", str(path)])
+    g = _constraint(a, TOK, TableRunner())
+    assert g.kind == "json_schema" and g.start().forced(3) == TOK.encode('{"a": ')
+    assert _constraint(ap.parse_args(["verify", "--json-object"]), TOK, TableRunner()) is not None
+    assert _constraint(ap.parse_args(["generate"]), TOK, TableRunner()) is None
+    with pytest.raises(SystemExit):
+        ap.parse_args(["generate", "--json-object", "--json-schema", str(path)])
