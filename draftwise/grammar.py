@@ -145,8 +145,8 @@ class Constraint:
         n = self.m.validate_tokens(draft) if draft else 0
         self.seconds += time.perf_counter() - t
         rows = [self.allowed()]
-        for t in draft[:n]:
-            self._consume(t)
+        for tok in draft[:n]:
+            self._consume(tok)
             self.pending += 1
             rows.append(self.allowed())
         return torch.stack(rows)
