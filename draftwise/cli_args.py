@@ -22,9 +22,10 @@ def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
                        help="D per round: an integer, or auto (default): chosen every round from the measured "
                             "forward-cost curves and the request's acceptance, 0 (plain) included")
     p.add_argument("--draft-model", default=d["draft_model"].default)
-    p.add_argument("--backend", choices=("torch", "llama.cpp"), default=None,
-                   help="default: llama.cpp for GGUF models without a GPU (if installed), else torch")
-    p.add_argument("--draft-backend", choices=("torch", "llama.cpp"), default=None, help="default: the target's")
+    p.add_argument("--backend", choices=("torch", "llama.cpp", "onnx"), default=None,
+                   help="default: llama.cpp for GGUF models without a GPU (if installed), else torch; onnx: "
+                   "ONNX Runtime GenAI, the model converted to int4 once on first use (docs/design.md, CPU backends)")
+    p.add_argument("--draft-backend", choices=("torch", "llama.cpp", "onnx"), default=None, help="default: the target's")
     p.add_argument("--device", default=None, help="torch models: cpu, cuda or cuda:N (bf16 on a GPU, fp32 on the "
                    "CPU); default: a GPU when torch sees one")
     p.add_argument("--threads", type=int, default=None)

@@ -111,7 +111,27 @@ def load_llama(spec: str, threads: int | None = None, n_ctx: int | None = None, 
     return runner, tokenizer if tokenizer is not None else load_tokenizer(src)
 
 
-BACKENDS = ("torch", "llama.cpp")
+def load_onnx(spec: str, threads: int | None = None, max_context: int | None = None,
+              tokenizer: Tokenizer | None = None):
+    """(OrtRunner, Tokenizer) on ONNX Runtime GenAI: a runtime model directory, or a packaged name,
+    .gguf file or Hugging Face directory converted once into the cache (models/ort_convert.py)."""
+    try:
+        from draftwise.backends.ort_runner import OrtRunner
+    except ImportError as e:
+        from draftwise.extras import install_command
+
+        raise ImportError(f"the onnx backend needs the onnx extra: {install_command('onnx')} (missing: {e.name})",
+                          name=e.name) from None
+    from draftwise.models.ort_convert import is_ort_dir, ort_model_dir
+
+    model_dir = ort_model_dir(spec)
+    if tokenizer is None:  # the source's own tokenizer (a GGUF's), as the other backends load it
+        direct = is_ort_dir(Path(spec).expanduser())
+        tokenizer = load_tokenizer(ModelSource(spec, "hf_dir", str(model_dir)) if direct else resolve(spec))
+    return OrtRunner(model_dir, max_context=max_context, n_threads=threads), tokenizer
+
+
+BACKENDS = ("torch", "llama.cpp", "onnx")
 
 
 def torch_device(device: str | None) -> str:
@@ -143,4 +163,6 @@ def load_runner(spec: str, backend: str = "torch", threads: int | None = None,
                           pack=backend_kw.get("pack"), tokenizer=tokenizer)
     if backend == "llama.cpp":
         return load_llama(spec, threads=threads, n_ctx=max_context, tokenizer=tokenizer, **backend_kw)
+    if backend == "onnx":
+        return load_onnx(spec, threads=threads, max_context=max_context, tokenizer=tokenizer)
     raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
