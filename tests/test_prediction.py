@@ -33,22 +33,22 @@ def test_the_cursor_follows_the_output_through_the_prediction():
 
 
 def test_a_rewritten_token_loses_the_cursor_until_the_output_meets_the_prediction_again():
-    # 12 rewritten as 99: nothing matches [.. 99]; then 13 is found after the place it was lost
-    assert drafts([[10, 11, 99], [10, 11, 99, 13]]) == [[], [14, 15, 16]]
+    # 12 rewritten as 99: nothing matches [.. 99] nor [99 13]; then [13 14] is found ahead
+    assert drafts([[10, 11, 99], [10, 11, 99, 13], [10, 11, 99, 13, 14]]) == [[], [], [15, 16]]
 
 
 def test_an_insertion_and_a_deletion_re_align():
-    assert drafts([[10, 11, 98, 97], [10, 11, 98, 97, 12]]) == [[], [13, 14, 15, 16]]  # inserted 98 97
-    assert drafts([[10, 11, 14]]) == [[15, 16]]  # 12 13 deleted
+    assert drafts([[10, 11, 98, 97], [10, 11, 98, 97, 12, 13]]) == [[], [14, 15, 16]]  # inserted 98 97
+    assert drafts([[10, 11, 14], [10, 11, 14, 15]]) == [[], [16]]  # 12 13 deleted
 
 
 def test_re_alignment_looks_forward_from_where_it_was_lost_first():
-    pred = [4, 9, 5, 6, 7, 5, 8]  # 5 occurs twice: the n-gram drafter's most recent would draft [8]
-    assert drafts([[4, 99, 5]], pred) == [[6, 7, 5, 8]]
-    # ... but the longest match wins over the nearest: [7 5] occurs only before the 8
-    assert drafts([[4, 99, 7, 5]], pred) == [[8]]
-    # and nothing ahead of where it was lost: the nearest match before it
-    assert drafts([[4, 9, 5, 6, 7, 5, 8, 99, 9]], pred) == [[5, 6, 7, 5, 8]]
+    pred = [4, 9, 5, 6, 7, 5, 6, 8]  # [5 6] occurs twice: the n-gram drafter's most recent would draft [8]
+    assert drafts([[4, 99, 5, 6]], pred) == [[7, 5, 6, 8]]
+    # ... but the longest match wins over the nearest: [7 5 6] occurs only before the 8
+    assert drafts([[4, 99, 7, 5, 6]], pred) == [[8]]
+    # and nothing ahead of where it was lost (the end): the match before it
+    assert drafts([[4, 9, 5, 6, 7, 5, 6, 8, 99, 9, 5]], pred) == [[6, 7, 5, 6, 8]]
 
 
 def test_no_prediction_no_drafts_and_an_empty_one_forgets_the_last():

@@ -9,7 +9,7 @@ place it was lost (else the last one before it), and follows on from there.
 
     prediction  a b c d e f g h              output  a b X d e ...
     cursor      after "a b": c d e ...        X departs at c: lost (at 2)
-                after "X d": matches "d" at 3 (>= 2), drafts e f g h
+                after "X d e": matches "d e" at 3-4 (>= 2), drafts f g h
 
 Cheap (a one-hot chain, q = 1): acceptance is unchanged and exact. A request's prediction
 arrives with `predict`; a request without one gets no drafts from it.
@@ -46,7 +46,10 @@ class PredictionDrafter:
     tree = False
     features = None
 
-    def __init__(self, min_n: int = 1, max_n: int = 8):
+    # min_n 2: on the code-rewrite workload's outputs, teacher-forced at D = 16, one-token matches
+    # in new text proposed 1.6x the draft tokens (5x on a function given a new docstring) for 1-3%
+    # more accepted
+    def __init__(self, min_n: int = 2, max_n: int = 8):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"match sizes need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.min_n, self.max_n = min_n, max_n
