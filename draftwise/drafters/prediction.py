@@ -46,9 +46,8 @@ class PredictionDrafter:
     tree = False
     features = None
 
-    # min_n 2: on the code-rewrite workload's outputs, teacher-forced at D = 16, one-token matches
-    # in new text proposed 1.6x the draft tokens (5x on a function given a new docstring) for 1-3%
-    # more accepted
+    # min_n 2: one-token matches in new text draft mostly wrong tokens (docs/agents.md; replayed by
+    # benchmarks/prediction_alignment.py)
     def __init__(self, min_n: int = 2, max_n: int = 8):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"match sizes need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
