@@ -60,6 +60,9 @@ def main() -> int:
                                              kernels=a.kernels, max_running=1), target=target)[0]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    warm = grammars.json_object()  # one untimed request per engine: kernels, cost curves, the grammar's caches
+    for eng in engines.values():
+        eng.generate(tok.apply_chat([{"role": "user", "content": "Say hi as JSON."}]), max_tokens=16, constraint=warm)
     results = []
     with open(out / "rows.jsonl", "w") as f:
         for row in rows:
