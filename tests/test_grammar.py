@@ -170,3 +170,13 @@ def test_a_forced_token_is_accepted_with_p_prime():
     n = sum(rule(St(Masks(allowed)), Proposal([0]), logits, SamplingParams(temperature=1.0), s)[1].num_accepted
             for s in range(800))
     assert abs(n / 800 - 0.75) < 0.05
+
+
+def test_a_candidate_tree_is_verified_as_its_first_chain_under_a_grammar():
+    from draftwise.constrained import chain
+
+    tree = Proposal([1, 3, 0], parents=[-1, 0, -1])  # 1 -> 3, and 0 beside 1
+    assert chain(tree).tokens == [1, 3] and not chain(tree).is_tree
+    allowed = torch.ones(3, 4, dtype=torch.bool)
+    prop, masks = constrain(St(Masks(allowed)), tree)
+    assert prop.tokens == [1, 3] and masks.shape == (3, 4)
