@@ -375,3 +375,14 @@ def test_cost_curves_head_costs_on_smollm2(tmp_path, capsys):
         "head drafted token, float32", "head drafted token, bfloat16",
         "prefill of 40 tokens, 1 output row, embeddings off", "prefill of 40 tokens, 1 output row, embeddings on"]
     assert all(float(ln.split(":")[1]) > 0 for ln in lines[1:])
+
+
+def test_ort_backend_curves_and_agreement_on_toys():
+    ort = driver("ort_backend")
+    res = ort.interleaved_curves({"a": CycleRunner(), "b": CycleRunner(period=7)}, repeats=1, context_len=32)
+    assert [r["runner"] for r in res["rows"]] == ["a", "b"] and res["rows"][0]["ratio"][1] == 1.0
+    assert res["table"].count("\n") == 3 and "T(8)/T(1)" in res["table"]
+    prompts = [Prompt("p0", "toy", text="abcdeab"), Prompt("p1", "toy", text="cdeabc")]
+    out = ort.agreement(CycleRunner(), CycleRunner(period=7), CharTokenizer(), prompts, max_tokens=8)
+    assert out["summary"]["spec_equals_plain"] == 2 and out["summary"]["prompts"] == 2
+    assert all(r["onnx_vs_llama_first_divergence"] is not None and "at_divergence" in r for r in out["rows"])
