@@ -118,7 +118,7 @@ class EngineSpec(ModelFields):
         if self.draft_backend is None:
             self.draft_backend = self.backend
         if self.device not in (None, "cpu") and "torch" not in (self.backend, self.draft_backend):
-            raise ValueError(f"device {self.device!r}: the llama.cpp backend runs on the CPU only (use --backend torch)")
+            raise ValueError(f"device {self.device!r}: the {self.backend} backend runs on the CPU only (use --backend torch)")
         self.kernels = resolve_kernels(self.kernels, self.drafter != "none")
 
     @property

@@ -52,7 +52,8 @@ class Sequences:
     def __init__(self, target: ModelRunner, drafter, observer: Observer, reuse_prefix: bool = False,
                  prompt_cache_bytes: int = 0):
         if prompt_cache_bytes and not target.saves:
-            raise ValueError(f"the {target.backend} backend cannot save a sequence's KV state: no prompt cache")
+            raise ValueError(f"the {target.backend} backend cannot save a sequence's KV state: no prompt cache "
+                             "(run with --prompt-cache-mb 0)")
         self.target, self.drafter, self.observer = target, drafter, observer
         self.reuse_prefix = reuse_prefix
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes else None
