@@ -120,7 +120,11 @@ def ort_model_dir(spec: str, log=None) -> Path:
             raise RuntimeError(f"the onnxruntime-genai builder wrote no {CONFIG} into {work / 'model'}: {' '.join(cmd)}")
         (work / "model" / "source.json").write_text(json.dumps({"spec": spec, "source": str(source),
                                                                  "builder_args": list(BUILD_ARGS)}, indent=1) + "\n")
-        os.replace(work / "model", out)  # atomic: a half-written directory is never taken for a model
+        try:
+            os.replace(work / "model", out)  # atomic: a half-written directory is never taken for a model
+        except OSError:
+            if not is_ort_dir(out):  # else another process converted it first
+                raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out
