@@ -32,6 +32,12 @@ that ends earlier or later at a near-tie moves it more than the drafting does.
 
     .venv/bin/python benchmarks/report_planner.py results/suffix_rag_llama --decode
 
+`--against OLD` prints, per category and configuration, this run's and an older checkout's run's
+speedups over their own plain decoding (the same prompts, run back to back) and the newer over
+the older: how a change moved each configuration.
+
+    .venv/bin/python benchmarks/report_planner.py results/new --against results/old
+
 `--costs` prints, per configuration and prompt length, the measured over the planner's predicted
 seconds of its rounds and of its plain steps (`plans`): how well the cost curve priced them.
 
@@ -248,6 +254,30 @@ def members(run: str) -> None:
               f"{', '.join(f'{m} {n}' for m, n in sorted(per.items()))} | {len(secs)} | {span} |")
 
 
+def against(new: str, old: str) -> None:
+    """Two runs of the same prompts back to back (an older checkout's, `old`, and a newer one's):
+    each configuration's speedup over its own run's plain, end to end and after the first token,
+    per category with intervals, and the newer over the older (a ratio of ratios across runs:
+    noisier than side by side, so the intervals are printed with it)."""
+    def rows(path):
+        return {(r.scope, r.config): r for r in summarise(path).rows
+                if r.concurrency == 1 and not r.scope.startswith("bucket:")}
+
+    def ci(point, lo, hi) -> str:
+        return "-" if point is None else f"{point:.2f}" if lo is None else f"{point:.2f} [{lo:.2f}, {hi:.2f}]"
+
+    o, n = rows(old), rows(new)
+    print("| scope | config | old e2e | new e2e | new/old | old after 1st token | new after 1st token |")
+    print("|---|---|---|---|---|---|---|")
+    for k in sorted((k for k in n if k in o and k[1] != "plain"), key=lambda k: (k[0] == "all", k)):
+        ro, rn = o[k], n[k]
+        ratio = f"{rn.speedup / ro.speedup:.3f}" if ro.speedup and rn.speedup else "-"
+        print(f"| {k[0].removeprefix('category:')} | {k[1]} ({rn.prompts} prompts) "
+              f"| {ci(ro.speedup, ro.speedup_lo, ro.speedup_hi)} | {ci(rn.speedup, rn.speedup_lo, rn.speedup_hi)} "
+              f"| {ratio} | {ci(ro.decode_speedup, ro.decode_speedup_lo, ro.decode_speedup_hi)} "
+              f"| {ci(rn.decode_speedup, rn.decode_speedup_lo, rn.decode_speedup_hi)} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", help="a `draftwise bench` results directory")
@@ -257,8 +287,12 @@ def main(argv: list[str] | None = None) -> None:
                     help="speedups on the outputs identical to plain, end to end and after the first token")
     ap.add_argument("--members", action="store_true", help="--drafter auto's rounds per member and prompt catch-ups")
     ap.add_argument("--costs", action="store_true", help="measured over predicted seconds of rounds and plain steps")
+    ap.add_argument("--against", metavar="OLD", help="an older checkout's run of the same prompts: both runs' "
+                                                     "speedups over their own plain, and new over old")
     a = ap.parse_args(argv)
-    if a.members:
+    if a.against:
+        against(a.run, a.against)
+    elif a.members:
         members(a.run)
     elif a.costs:
         round_costs(a.run)

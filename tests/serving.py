@@ -39,8 +39,11 @@ class Runner(CycleRunner):
 
 
 class ChatChars(CharTokenizer):
-    def apply_chat(self, messages, assistant_prefix="", generation_prompt=True):
+    def apply_chat(self, messages, assistant_prefix="", generation_prompt=True, tools=None):
         return self.encode("".join(m["content"] for m in messages) + assistant_prefix)
+
+    def tool_call_tokens(self):
+        return None  # no tool-call format
 
 
 def toy_build(runner=None, tokenizer=None, gate=None):

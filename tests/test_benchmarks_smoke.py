@@ -130,6 +130,10 @@ def test_report_planner_and_step_costs(planner_run, capsys):
     assert set(rows) == {"ngram:auto", "ngram:2", "ngram:4"}
     n = len(TEXTS)
     assert all(r[1] == f"{n} of {n}" and 0.0 < float(r[3]) < 1.0 and float(r[4]) > 0 for r in rows.values())
+    report.main([str(planner_run), "--against", str(planner_run)])  # a run against itself: new/old is 1
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()[2:]]
+    assert {r[1].split(" (")[0] for r in rows} == {"ngram:auto", "ngram:2", "ngram:4"}
+    assert all(r[2] == r[3] and r[4] == "1.000" for r in rows) and rows[-1][0] == "| all"
 
 
 def test_report_planner_members_counts_auto_rounds_and_prompt_catch_ups(monkeypatch, capsys):

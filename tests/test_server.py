@@ -304,7 +304,10 @@ def test_the_server_loader_takes_loaded_objects_out_of_the_collectors_view(monke
 
     before = gc.get_freeze_count()
     held = [[i] for i in range(1000)]  # loaded state: tracked objects that stay alive
-    monkeypatch.setattr(load, "_build", lambda spec, **kw: (object(), CharTokenizer()))
+    from types import SimpleNamespace
+
+    loaded = SimpleNamespace(target=SimpleNamespace(vocab_size=64))  # a scheduler, as far as the loader reads it
+    monkeypatch.setattr(load, "_build", lambda spec, **kw: (loaded, CharTokenizer()))
     try:
         _, toks = load.build_scheduler(load.ServeConfig())
         toks.close()

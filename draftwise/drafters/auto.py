@@ -1,4 +1,4 @@
-"""`--drafter auto`: the loaded drafters side by side; the `auto` policy (draftwise.policy.DrafterChoice)
+"""`--drafter auto`: the loaded drafters side by side; the `auto` policy (draftwise.choice.DrafterChoice)
 verifies, each round, the one whose plan promises the most tokens per second, or none.
 
 Cheap members (n-gram, suffix) propose every round, since looking costs next to nothing: their

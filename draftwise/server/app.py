@@ -15,6 +15,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from draftwise.extras import MissingExtra
 from draftwise.request import Request, check_prediction
 from draftwise.sampling import SamplingParams
 from draftwise.scheduler import Scheduler
@@ -26,6 +27,7 @@ from draftwise.server.load import ServeConfig
 from draftwise.server.metrics import ServerMetrics
 from draftwise.server.responses import Formatter, sse
 from draftwise.server.schemas import ChatCompletionRequest, CompletionRequest, ErrorResponse
+from draftwise.server.tools import BadRequest, Structured, structured
 from draftwise.waiting import QueueFull, ShuttingDown
 
 _ERRORS = {code: {"model": ErrorResponse, "description": text} for code, text in (
@@ -91,11 +93,13 @@ def create_app(life: Lifecycle, cfg: ServeConfig, metrics: ServerMetrics) -> Fas
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
         msgs, prefix, generation_prompt = body.chat()
-        ids = await _tokenised(toks.apply_chat(msgs, prefix, generation_prompt), "messages")
-        fmt = Formatter(model_name, True, body.return_token_ids, prediction=await _prediction(body, toks))
-        return await _serve(sched, toks, body, ids, fmt, http)
+        shape = await _structured(body, toks)
+        ids = await _tokenised(toks.apply_chat(msgs, prefix, generation_prompt, shape.tools), "messages")
+        fmt = Formatter(model_name, True, body.return_token_ids, prediction=await _prediction(body, toks),
+                        tool_calls=shape.reads_calls)
+        return await _serve(sched, toks, body, ids, fmt, http, shape.grammar)
 
-    async def _serve(sched: Scheduler, toks, body, ids: list[int], fmt: Formatter, http: HttpRequest):
+    async def _serve(sched: Scheduler, toks, body, ids: list[int], fmt: Formatter, http: HttpRequest, grammar=None):
         if cfg.max_prompt_tokens is not None and len(ids) > cfg.max_prompt_tokens:
             raise ApiError(400, f"the prompt has {len(ids)} tokens; this server takes at most "
                                 f"{cfg.max_prompt_tokens}", "messages" if fmt.chat else "prompt")
@@ -116,7 +120,7 @@ def create_app(life: Lifecycle, cfg: ServeConfig, metrics: ServerMetrics) -> Fas
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         req = Request(ids, max_tokens, params, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
                       body.stop_list(), body.draft_tokens(), logprobs=logprobs, private=body.private,
-                      prediction=fmt.prediction or None)
+                      prediction=fmt.prediction or None, constraint=grammar)
         try:
             sched.submit(req)
         except QueueFull as e:
@@ -185,6 +189,20 @@ async def _watch(http: HttpRequest, events: asyncio.Queue) -> None:
     while not await http.is_disconnected():
         await asyncio.sleep(_POLL_S)
     events.put_nowait(None)
+
+
+async def _structured(body: ChatCompletionRequest, toks) -> Structured:
+    """The grammar a chat request's response_format or tools ask for (compiled off the event
+    loop), the tools its template renders, and whether its answer is read for tool calls."""
+    try:
+        return await structured(body.response_format, body.tools, body.tool_choice, body.parallel_tool_calls, toks)
+    except BadRequest as e:
+        raise ApiError(400, str(e), e.param) from None
+    except MissingExtra as e:
+        raise ApiError(400, f"structured outputs are not installed on this server: {e}", "response_format") from None
+    except ValueError as e:  # the grammar engine refused the schema: its message names the problem
+        raise ApiError(400, str(e), "tools" if body.tools and body.tool_choice != "none" else "response_format") \
+            from None
 
 
 async def _prediction(body, toks) -> list[int] | None:

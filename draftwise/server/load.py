@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from draftwise.build import EngineSpec, freeze_heap
 from draftwise.build import build_scheduler as _build
 from draftwise.scheduler import Scheduler
+
+GRAMMARS_KEPT = 64  # compiled grammars kept by their source: agents resend the same schemas and tools
 
 
 @dataclass(slots=True, kw_only=True)
@@ -51,16 +54,44 @@ class Tokenizers:
     worker thread with a copy of their own, never on the event loop; the event loop decodes
     logprob pieces with another copy; the scheduler thread keeps the original for its output."""
 
-    def __init__(self, tok):
+    def __init__(self, tok, vocab_size: int | None = None):
         self._worker_tok, self._loop_tok = copy.deepcopy(tok), copy.deepcopy(tok)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="draftwise-tokenize")
+        self.vocab_size = vocab_size or len(tok)  # the target's logits width, which grammars' masks span
+        self._grammars = None  # draftwise.grammar.Grammars, made on the first structured request
+        self._compiled: OrderedDict[tuple[str, str], object] = OrderedDict()
 
     async def encode(self, text: str) -> list[int]:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self._worker_tok.encode, text)
 
-    async def apply_chat(self, messages: list[dict], assistant_prefix: str = "", generation_prompt: bool = True) -> list[int]:
+    async def apply_chat(self, messages: list[dict], assistant_prefix: str = "", generation_prompt: bool = True,
+                         tools: list[dict] | None = None) -> list[int]:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self._worker_tok.apply_chat,
-                                                                messages, assistant_prefix, generation_prompt)
+                                                                messages, assistant_prefix, generation_prompt, tools)
+
+    async def grammar(self, kind: str, source: str):
+        """A compiled draftwise.grammar.Grammar ("json_schema": a schema's JSON text; "lark"), on
+        the worker thread, the last GRAMMARS_KEPT kept; ValueError naming a bad one."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._grammar, kind, source)
+
+    def _grammar(self, kind: str, source: str):
+        if (kind, source) in self._compiled:
+            self._compiled.move_to_end((kind, source))
+            return self._compiled[(kind, source)]
+        if self._grammars is None:
+            from draftwise.grammar import Grammars
+
+            self._grammars = Grammars(self._worker_tok, self.vocab_size)
+        g = self._grammars.json_schema(source) if kind == "json_schema" else self._grammars.lark(source)
+        self._compiled[(kind, source)] = g
+        if len(self._compiled) > GRAMMARS_KEPT:
+            self._compiled.popitem(last=False)
+        return g
+
+    def tool_tokens(self) -> tuple[int, int]:
+        from draftwise.server.tools import call_tokens
+
+        return call_tokens(self._loop_tok)  # event loop only, as `piece`
 
     def piece(self, token: int) -> str:
         """One token's text (event loop only)."""
@@ -75,4 +106,4 @@ def build_scheduler(cfg: ServeConfig, observer=None) -> tuple[Scheduler, Tokeniz
     sched, tok = _build(cfg.spec, observer=observer, max_queue=cfg.max_queue, spec_off_above=cfg.spec_off_above,
                         pad_ragged=cfg.pad_ragged, reserve_draft=False)
     freeze_heap()  # the server's models stay loaded for its lifetime
-    return sched, Tokenizers(tok)
+    return sched, Tokenizers(tok, sched.target.vocab_size)

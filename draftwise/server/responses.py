@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from draftwise.drafters.prediction import prediction_counts
 from draftwise.request import Chunk, GenerationResult, TokenLogprobs
+from draftwise.server.tools import CallStream, read_calls
 
 
 def sse(obj) -> str:
@@ -23,9 +24,11 @@ class Formatter:
     return_token_ids: bool = False
     piece: Callable[[int], str] | None = None  # token id -> its text; set when logprobs were asked for
     prediction: list[int] | None = None  # the request's predicted output, tokenised: usage counts it
+    tool_calls: bool = False  # the answer is read for tool calls (draftwise.server.tools)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     _offset: int = 0  # completions' text_offset, running over a stream
+    _calls: CallStream = field(default_factory=CallStream)  # a stream's text split into content and calls
 
     def _logprobs(self, lps: list[TokenLogprobs] | None, token_ids: list[int] | None) -> dict | None:
         """OpenAI's logprobs object: chat's `content` list, or completions' parallel lists."""
@@ -51,17 +54,19 @@ class Formatter:
         return {"id": ("chatcmpl-" if self.chat else "cmpl-") + self.id, "object": obj,
                 "created": self.created, "model": self.model, "choices": choices}
 
-    def _choice(self, text: str, finish: str | None, token_ids: list[int] | None, stream: bool,
-                first: bool = False, lps: list[TokenLogprobs] | None = None) -> dict:
+    def _choice(self, text: str | None, finish: str | None, token_ids: list[int] | None, stream: bool,
+                first: bool = False, lps: list[TokenLogprobs] | None = None, calls: list[dict] | None = None) -> dict:
         c: dict = {"index": 0}
         logprobs = self._logprobs(lps, token_ids)
         if not self.chat:
             c.update(text=text, logprobs=logprobs)
         elif stream:
-            c["delta"] = ({"role": "assistant"} if first else {}) | ({"content": text} if text or first else {})
+            c["delta"] = ({"role": "assistant"} if first else {}) | ({"content": text} if text or first else {}) \
+                | ({"tool_calls": calls} if calls else {})
             c["logprobs"] = logprobs
         else:
-            c.update(message={"role": "assistant", "content": text}, logprobs=logprobs)
+            c.update(message={"role": "assistant", "content": text} | ({"tool_calls": calls} if calls else {}),
+                     logprobs=logprobs)
         c["finish_reason"] = finish
         if self.return_token_ids and token_ids is not None:
             c["token_ids"] = token_ids
@@ -79,8 +84,12 @@ class Formatter:
         return out
 
     def whole(self, result: GenerationResult) -> dict:
-        body = self._envelope([self._choice(result.text, result.finish_reason, result.token_ids, False,
-                                            lps=result.logprobs)], False)
+        text, calls, finish = result.text, None, result.finish_reason
+        if self.tool_calls:
+            text, calls = read_calls(text)
+            finish = "tool_calls" if calls and finish == "stop" else finish
+        body = self._envelope([self._choice(text, finish, result.token_ids, False, lps=result.logprobs,
+                                            calls=calls)], False)
         body["usage"] = self.usage(result)
         body["draftwise"] = {"stats": result.stats.to_dict(), "ttft_s": result.ttft_s}
         return body
@@ -90,9 +99,16 @@ class Formatter:
         return sse(self._envelope([self._choice("", None, None, True, first=True)], True)) if self.chat else None
 
     def chunk(self, ch: Chunk) -> str | None:
-        if not ch.text and not ch.finish_reason and not ((self.return_token_ids or self.piece) and ch.token_ids):
+        text, calls, finish = ch.text, None, ch.finish_reason
+        if self.tool_calls:  # content until a call opens; each call whole once it closes
+            text, calls = self._calls.feed(ch.text)
+            if finish:
+                text += self._calls.flush()
+                finish = "tool_calls" if self._calls.calls and finish == "stop" else finish
+        if not text and not calls and not finish and not ((self.return_token_ids or self.piece) and ch.token_ids):
             return None  # nothing to say yet (a split character held back)
-        return sse(self._envelope([self._choice(ch.text, ch.finish_reason, ch.token_ids, True, lps=ch.logprobs)], True))
+        return sse(self._envelope([self._choice(text, finish, ch.token_ids, True, lps=ch.logprobs, calls=calls)],
+                                  True))
 
     def usage_chunk(self, result: GenerationResult) -> str:
         body = self._envelope([], True)

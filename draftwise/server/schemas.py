@@ -4,7 +4,9 @@ Parameters OpenAI defines but draftwise does not implement are accepted only at 
 value (n=1, no echo, zero penalties, ...); anything else is a 400 that names them. `logprobs`
 (completions: 0–20 alternatives; chat: `logprobs` + `top_logprobs` 0–20) are the target's raw
 log-probabilities of each emitted token. `prediction` (Predicted Outputs) is a draft source
-(draftwise.drafters.prediction); usage then reports its accepted and rejected tokens.
+(draftwise.drafters.prediction); usage then reports its accepted and rejected tokens. Chat's
+`response_format` (json_object, json_schema) and `tools` (`tool_choice`, `parallel_tool_calls`)
+are grammars the answer follows, its tool calls read back into `tool_calls` (draftwise.server.tools).
 draftwise's extensions: `top_k`, `speculation` (false: plain decoding for this request),
 `num_draft_tokens` (fix D for this request) and `return_token_ids` (token ids in each choice).
 
@@ -14,6 +16,7 @@ encodable (a lone surrogate such as "\\ud800" is a 400, not a tokenizer crash).
 """
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -123,11 +126,37 @@ class CompletionRequest(_Common):
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[ContentPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[ContentPart] | None = None  # None: an assistant turn of tool calls alone
+    tool_calls: list[dict] | None = None  # an assistant turn's calls, as the server answered them
+    tool_call_id: str | None = None  # a tool turn: the call it answers
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def for_template(self) -> dict:
+        """The message as chat templates read it: a call's arguments as an object, not a string."""
+        out = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [{"type": "function", "id": c.get("id"),
+                                  "function": {"name": c.get("function", {}).get("name"),
+                                               "arguments": _arguments(c.get("function", {}).get("arguments"))}}
+                                 for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+def _arguments(a):
+    """A call's arguments (OpenAI sends a JSON string) as an object where they parse."""
+    if isinstance(a, str):
+        try:
+            return json.loads(a)
+        except json.JSONDecodeError:
+            return a
+    return a if a is not None else {}
 
 
 class ChatCompletionRequest(_Common):
@@ -135,14 +164,12 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    tools: list[dict] | None = None
+    tools: list[dict] | None = None  # checked by draftwise.server.tools
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool = True
     response_format: dict | None = None
     add_generation_prompt: bool = True  # vLLM's extensions, sent by `draftwise bench --endpoint-api chat`
     continue_final_message: bool = False
-
-    def _unsupported(self) -> list[str]:
-        fmt = self.response_format and self.response_format.get("type") not in (None, "text")
-        return [k for k, v in (("tools", bool(self.tools)), ("response_format", bool(fmt))) if v]
 
     def logprobs_k(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:
@@ -152,7 +179,7 @@ class ChatCompletionRequest(_Common):
     def chat(self) -> tuple[list[dict], str, bool]:
         """(messages for the chat template, text that opens the assistant turn, whether the
         template adds its generation prompt: a continued final message needs it)."""
-        msgs = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+        msgs = [m.for_template() for m in self.messages]
         if self.continue_final_message and msgs[-1]["role"] == "assistant":
             return msgs[:-1], msgs[-1]["content"], True
         return msgs, "", self.add_generation_prompt
