@@ -1,6 +1,6 @@
 """Replay the planner offline on a teacher-forced trace of one greedy request.
 
-A trace (benchmarks/trace_agreement.py writes them) holds, per output position t, the target's
+A trace (`benchmarks/replay_planner.py traces` writes them) holds, per output position t, the target's
 token and top probability and the draft model's argmax and its own probability, all scored on the
 target's output. Greedy acceptance of any round is then known: a draft started at t is accepted
 up to the first position where the draft's argmax differs from the target's token (accepted tokens

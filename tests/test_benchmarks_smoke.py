@@ -167,14 +167,15 @@ def test_report_planner_costs_by_prompt_length(monkeypatch, capsys):
                          "| suffix:auto | >= 600 | 1, 1.500 | 1, 1.000 |"]
 
 
-def test_trace_agreement_and_replay(planner_run, profiles, tmp_path, capsys):
+def test_replay_planner_traces_and_replay(planner_run, profiles, tmp_path, capsys):
+    replay = driver("replay_planner")
     traces = tmp_path / "traces.jsonl"
-    driver("trace_agreement").write_traces(str(planner_run), str(traces), CycleRunner(), CycleRunner(),
-                                           CharTokenizer())
+    replay.write_traces(str(planner_run), str(traces), CycleRunner(), CycleRunner(), CharTokenizer())
     rows = [json.loads(line) for line in traces.open()]
     assert len(rows) == len(TEXTS) and all(r["draft_argmax"] == r["tokens"] for r in rows)  # the toys agree
-    capsys.readouterr()
-    replay = driver("replay_planner")
+    with pytest.raises(SystemExit):  # the `traces` subcommand reaches its own parser
+        replay.main(["traces", "--help"])
+    assert "replay_planner.py traces" in capsys.readouterr().out
     res = replay.main([str(traces), *profiles, "--per-request", "--set", "probe_max=1"])  # draft model
     assert set(res) == {"even", "odd"} and all(r["auto"] > 0 for r in res.values())
     out = capsys.readouterr().out
@@ -262,18 +263,18 @@ def test_server_bench_commands(capsys):
         server.commands(server.parse_args(["--engine", "vllm", "--configs", "plain", "eagle"]))
 
 
-def test_linear_kernels_on_a_small_layer(capsys):
+def test_kernels_linear_on_a_small_layer(capsys):
     threads = torch.get_num_threads()
     try:
-        driver("linear_kernels").main(["--in", "32", "--out", "48", "--rows", "3", "--repeats", "2",
-                                       "--threads", "1"])
+        driver("kernels").main(["linear", "--in", "32", "--out", "48", "--rows", "3", "--repeats", "2",
+                                "--threads", "1"])
     finally:
         torch.set_num_threads(threads)
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split()[:2] == ["rows", "sgemm"] and len(lines) == 5
 
 
-def test_pad_rows_on_a_tiny_model(capsys):
+def test_kernels_pad_on_a_tiny_model(capsys):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from draftwise.backends import packed_linear
@@ -285,7 +286,7 @@ def test_pad_rows_on_a_tiny_model(capsys):
     model = Qwen2ForCausalLM(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1, vocab_size=16))
     runner = TorchRunner(model, pack="onednn")
-    driver("pad_rows").measure(runner, CharTokenizer(), [t % 15 for t in range(40)], max_k=3, repeats=1, decode=4)
+    driver("kernels").measure(runner, CharTokenizer(), [t % 15 for t in range(40)], max_k=3, repeats=1, decode=4)
     out = capsys.readouterr().out
     assert "# pad from this pass:" in out and "chosen: True" in out
 
@@ -319,7 +320,7 @@ class _FeatureRunner(CycleRunner):
         return eye, lambda ids: 8 * eye[ids]
 
 
-def test_trace_agreement_head_mode(planner_run, tmp_path):
+def test_replay_planner_traces_head_mode(planner_run, tmp_path):
     from draftwise.models.head import HeadConfig, new_head, save_head
 
     runner = _FeatureRunner()
@@ -330,8 +331,8 @@ def test_trace_agreement_head_mode(planner_run, tmp_path):
         head.midlayer.self_attn.o_proj.weight.zero_()
         head.midlayer.mlp.down_proj.weight.zero_()
     save_head(head, tmp_path / "head")
-    res = driver("trace_agreement").head_acceptance(str(planner_run), str(tmp_path / "tf.json"), runner, CharTokenizer(),
-                                                    str(tmp_path / "head"), "fake")
+    res = driver("replay_planner").head_acceptance(str(planner_run), str(tmp_path / "tf.json"), runner, CharTokenizer(),
+                                                   str(tmp_path / "head"), "fake")
     tf = res["teacher_forced"]
     assert set(tf) == {"odd", "even", "all"} and res["generation"] == {}
     # every output token but the first starts a chain (the head's first draft comes at the second

@@ -27,7 +27,7 @@ reads ~1.4× the bytes: MKL pads each packed matrix), so there are two modes:
   (`mkldnn::_reorder_linear_weight` + `mkldnn::_linear_pointwise`, the ops inductor emits for frozen
   fp32 linears without MKL), originals freed. On the 2 AMD EPYC cores MKL takes a slow path: a
   1536 -> 8960 projection cost 3.5 / 7.7 / 11.4 / 8.6 ms for 1 / 2 / 3 / 16 rows on sgemm and
-  2.8 / 5.2 / 7.7 / 8.1 packed, but 2.4 / 2.6 / 2.1 / 3.0 on oneDNN (benchmarks/linear_kernels.py,
+  2.8 / 5.2 / 7.7 / 8.1 packed, but 2.4 / 2.6 / 2.1 / 3.0 on oneDNN (benchmarks/kernels.py linear,
   docs/design.md, Measured cost curves): faster plain steps and a nearly flat verification curve. Not batch-invariant
   at that size (its kernels depend on the row count).
 With no mode requested, `choose_mode` times oneDNN against MKL on one of the model's own layers and
