@@ -62,7 +62,8 @@ def test_grammar_names_only_the_chosen_tool_and_text_only_under_auto():
     named = tool_grammar(tools, tools[1], 7, 8, parallel=False)
     assert '"get_time"' in named and "get_weather" not in named and "TEXT" not in named and ")*" not in named
     auto = tool_grammar(tools, "auto", 7, 8)
-    assert "<[7]>" in auto and "<[8]>" in auto and "start: calls | TEXT" in auto and ")*" in auto
+    assert "<[7]>" in auto and "<[8]>" in auto and "start: calls | bare | TEXT" in auto and ")*" in auto
+    assert "TEXT: /[^<{]" in auto  # text opens with neither a tag nor a bare call's brace
 
 
 # --- reading calls back -------------------------------------------------------------------------
@@ -78,6 +79,20 @@ def test_read_calls_splits_content_and_calls():
         ("get_weather", {"city": "Paris", "unit": "celsius"}), ("get_time", {"zone": "CET"})]
     assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
     assert read_calls("no calls <tool_call> {broken") == ("no calls <tool_call> {broken", [])
+    content, calls = read_calls(' {"name": "get_time", "arguments": {"zone": "UTC"}}')  # a call without its tags
+    assert content is None and [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == \
+        [("get_time", '{"zone": "UTC"}')]
+    assert read_calls('{"name": "x", "colour": "red"}')[1] == []  # other keys: content
+
+
+def test_a_streamed_bare_call_is_held_to_the_end():
+    s = CallStream()
+    assert s.feed('{"name": "get_time", ') == ("", []) and s.feed('"arguments": {}}') == ("", [])
+    rest, last = s.flush()
+    assert rest == "" and [(d["index"], d["function"]["name"]) for d in last] == [(0, "get_time")]
+    s = CallStream()
+    s.feed('{"a": 1}')
+    assert s.flush() == ('{"a": 1}', [])  # JSON that is no call: content
 
 
 @pytest.mark.parametrize("step", [1, 3, 7, 1000])
@@ -87,8 +102,9 @@ def test_a_stream_sends_content_until_a_call_opens_and_each_call_whole(step):
         text, got = s.feed(ANSWER[i:i + step])
         assert "<" not in text  # never a piece of a tag
         content, deltas = content + text, deltas + got
-    content += s.flush()
-    assert content == "Checking both.\n"  # the newline between the two calls is content, as sent
+    rest, last = s.flush()
+    content += rest
+    assert content == "Checking both.\n" and last == []  # the newline between the two calls is content, as sent
     assert [(d["index"], d["function"]["name"]) for d in deltas] == [(0, "get_weather"), (1, "get_time")]
 
 
@@ -144,7 +160,9 @@ def test_a_tool_result_turn_is_answered_in_text(client):
             "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "celsius"})}}
     msgs = ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
                   {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 18, "sky": "clear"}'}]
-    r = client.chat.completions.create(model="q", messages=msgs, tools=[WEATHER], temperature=0, max_tokens=40)
+    # tool_choice none: the answer is text (the 0.5B model would call again), the history still rendered
+    r = client.chat.completions.create(model="q", messages=msgs, tools=[WEATHER], tool_choice="none", temperature=0,
+                                       max_tokens=40)
     assert r.choices[0].message.tool_calls is None and "18" in r.choices[0].message.content
 
 

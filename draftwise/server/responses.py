@@ -103,7 +103,8 @@ class Formatter:
         if self.tool_calls:  # content until a call opens; each call whole once it closes
             text, calls = self._calls.feed(ch.text)
             if finish:
-                text += self._calls.flush()
+                rest, last = self._calls.flush()
+                text, calls = text + rest, (calls or []) + last
                 finish = "tool_calls" if self._calls.calls and finish == "stop" else finish
         if not text and not calls and not finish and not ((self.return_token_ids or self.piece) and ch.token_ids):
             return None  # nothing to say yet (a split character held back)

@@ -11,8 +11,9 @@ render the tools into the system prompt and ask for
 with `<tool_call>` and `</tool_call>` single tokens. Under `tool_choice` "required" or a named
 function the answer is one or more such calls, each JSON object held to the tools' schemas (its
 name one of theirs, its arguments that function's `parameters`); under "auto" it is either those
-calls or text that does not open with "<" (or JSON of the response_format's schema, when the
-request has one); "none" renders no tools and reads no calls.
+calls (tagged, or one call's JSON alone, as small models write it) or text that opens with neither
+"<" nor "{" (or JSON of the response_format's schema, when the request has one); "none" renders no
+tools and reads no calls.
 """
 from __future__ import annotations
 
@@ -119,7 +120,9 @@ def tool_grammar(tools: list[Tool], choice: str | Tool, open_id: int, close_id: 
         return "start: calls\n" + calls
     if schema is not None:
         return f"start: calls | answer\nanswer: %json {_laid_out(schema)}\n" + calls
-    return "start: calls | TEXT\n" + calls + "TEXT: /[^<][\\s\\S]*/\n"
+    # small models often write a call's JSON without its tags: that too, held to the tools' schemas
+    bare = f"bare: %json {_laid_out(one)}\n"
+    return "start: calls | bare | TEXT\n" + calls + bare + "TEXT: /[^<{][\\s\\S]*/\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,9 +164,22 @@ def _call(obj: dict) -> dict:
             "function": {"name": obj["name"], "arguments": json.dumps(obj.get("arguments", {}))}}
 
 
+def _bare(text: str) -> dict | None:
+    """An answer that is one call's JSON without its tags ({"name": ..., "arguments": {...}})."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) and isinstance(obj.get("name"), str) and set(obj) <= {"name", "arguments"} \
+        else None
+
+
 def read_calls(text: str) -> tuple[str | None, list[dict]]:
     """(content, tool_calls) of a whole answer: each <tool_call> block that holds a JSON object
-    with a name becomes a call; what is left is the content (None when nothing is)."""
+    with a name becomes a call, as does an answer that is one such object alone; what is left is
+    the content (None when nothing is)."""
+    if (obj := _bare(text.strip())) is not None:
+        return None, [_call(obj)]
     calls, rest, pos = [], [], 0
     for m in re.finditer(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), text, re.S):
         try:
@@ -183,7 +199,8 @@ def read_calls(text: str) -> tuple[str | None, list[dict]]:
 class CallStream:
     """A streamed answer's text, split into content deltas and whole tool calls: content streams
     until the answer opens a <tool_call>; each call is sent as one delta once its block closes
-    (OpenAI's clients accumulate a call from any number of deltas)."""
+    (OpenAI's clients accumulate a call from any number of deltas). An answer that opens with "{"
+    is held whole: at its end it is one call's JSON alone, or content."""
     text: str = ""
     sent: int = 0  # characters of `text` already handled
     calls: int = 0
@@ -194,6 +211,8 @@ class CallStream:
         """(content to send now, tool-call deltas to send now)."""
         self.text += piece
         out, deltas = "", []
+        if self.text.lstrip().startswith("{") and not self.calls:  # a bare call, or JSON content: at the end
+            return out, deltas
         while True:
             rest = self.text[self.sent:]
             if not self.in_calls:
@@ -219,7 +238,11 @@ class CallStream:
             self.sent += len(block)
             self.in_calls = False
 
-    def flush(self) -> str:
-        """What is left at the end (an unclosed call stays text, as read_calls leaves it)."""
+    def flush(self) -> tuple[str, list[dict]]:
+        """What is left at the end: a held answer that is one call's JSON alone, as a call; else
+        text (an unclosed call stays text, as read_calls leaves it)."""
         rest, self.sent = self.text[self.sent:], len(self.text)
-        return rest
+        if self.calls == 0 and (obj := _bare(rest.strip())) is not None:
+            self.calls = 1
+            return "", [{"index": 0, **_call(obj)}]
+        return rest, []
