@@ -19,6 +19,7 @@ from draftwise.planner import Planner
 from draftwise.profile import profile_runner
 from draftwise.prompts import Prompt
 from fakes import CharTokenizer, CycleRunner
+from grammar_fakes import JsonTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["abcdeab", "cdeabcdea", "eabcdeabcdeab", "bcdeabc"]  # the cycle 0..4: n-gram drafts are right
@@ -391,3 +392,88 @@ def test_ort_backend_curves_and_agreement_on_toys():
     out = ort.agreement(CycleRunner(), CycleRunner(period=7), CharTokenizer(), prompts, max_tokens=8)
     assert out["summary"]["spec_equals_plain"] == 2 and out["summary"]["prompts"] == 2
     assert all(r["onnx_vs_llama_first_divergence"] is not None and "at_divergence" in r for r in out["rows"])
+
+
+class _ChatJsonTokenizer(JsonTokenizer):
+    """grammar_fakes' JSON-piece tokenizer with a chat template: the message's letters it has pieces for."""
+
+    def apply_chat(self, messages):
+        return [0] + self.encode("".join(c for c in messages[-1]["content"] if c in "abcxy"))
+
+
+def test_agents_json_measures_on_toys_and_tables_the_rows(tmp_path, capsys):
+    pytest.importorskip("llguidance")
+    from draftwise.grammar import Grammars
+    from grammar_fakes import PIECES, TableDrafter, TableRunner
+
+    agents = driver("agents")
+    tok = _ChatJsonTokenizer()
+    pair = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 4}, "b": {"type": "boolean"}},
+            "required": ["a", "b"], "additionalProperties": False}
+    rows = [{"id": f"r{i}", "prompt": p, "response_format": {"json_schema": {"schema": pair}}}
+            for i, p in enumerate(["abc", "xy ab"])]
+    engines = {"plain": Engine(TableRunner(), tok, max_running=1),
+               "table": Engine(TableRunner(), tok, TableDrafter(), 4, max_running=1)}
+    out = agents.measure(engines, tok, Grammars(tok, len(PIECES)), rows, 40, tmp_path / "run")
+    saved = [json.loads(line) for line in out.open()]
+    assert [(r["id"], r["config"]) for r in saved] == [("r0", "plain"), ("r0", "table"), ("r1", "plain"), ("r1", "table")]
+    assert all(r["valid"] and r["divergence"] is None and r["finish"] == "stop" for r in saved)  # greedy: identical
+    assert len(capsys.readouterr().err.splitlines()) == 4  # one progress line per request
+    assert agents.main(["json", "--table", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| config | tokens |") and lines[2].startswith("| plain |") and "| 1.00x | 1.00x |" in lines[2]
+    assert lines[3].startswith("| table |") and lines[3].endswith("| 2/2 | 2/2 |") and lines[4].startswith("median prompt")
+    saved_run = agents.table(ROOT / "docs" / "data" / "agents_json" / "rows_run1.jsonl")  # rows of a real run
+    assert [ln.split(" | ")[0] for ln in saved_run.splitlines()[2:]] == ["| plain", "| ngram", "| suffix"]
+    with pytest.raises(SystemExit):
+        agents.main(["json", "--help"])
+    usage = capsys.readouterr().out
+    assert all(f in usage for f in ("--drafters", "--max-tokens", "--kernels", "--limit", "--out", "--table"))
+
+
+def test_agents_engines_on_the_toy_tokenizer_skips_a_missing_engine(capsys):
+    pytest.importorskip("llguidance")
+    from draftwise.grammar import Grammars
+    from grammar_fakes import EOS, PIECES
+
+    agents = driver("agents")
+    tok = _ChatJsonTokenizer()
+
+    class Hf:  # the part of an HF tokenizer the driver reads
+        eos_token_id = EOS
+
+        def encode(self, text, add_special_tokens=False):
+            return tok.encode(text)
+
+        def decode(self, ids):
+            return tok.decode(ids)
+
+    class ToyLLG(agents.LLG):
+        @staticmethod
+        def tokenizer(hf, vocab):
+            return Grammars(tok, vocab).tok
+
+    class Missing(agents.XGR):
+        name = "not-an-engine"
+
+        def __init__(self, hf, vocab):
+            raise ImportError("No module named 'not_an_engine'")
+
+    xy = {"type": "object", "properties": {"xy": {"type": "array", "items": {"type": "integer"}}, "c": {"enum": ["ab", "c"]}},
+          "required": ["xy", "c"], "additionalProperties": False}
+    cases = [("xy", xy, {"xy": [0, 1, 2, 10, 21], "c": "ab"}), ("object", {"type": "object"}, {"a": "b", "c": [1, 2]})]
+    features = [("enum", {"enum": ["a", "b"]}, "a", "c"), ("maxLength", {"type": "string", "maxLength": 2}, "ab", "abc"),
+                ("not", {"not": {"type": "string"}}, 1, "x")]
+    absent = agents.XGR if importlib.util.find_spec("xgrammar") is None else Missing  # xgrammar: not a dependency
+    agents.compare(Hf(), len(PIECES), 2, kinds=(ToyLLG, absent), cases=cases, features=features)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("llguidance: tokenizer set-up") and out[1].startswith(f"{absent.name}: not installed, skipped")
+    timing = [ln.split(" | ") for ln in out if ln.startswith("| llguidance |")]
+    assert [r[1] for r in timing] == ["xy", "object"] and all(float(r[4]) >= 0 for r in timing)
+    cov = {ln.split(" | ")[0][2:]: ln.split(" | ")[1].rstrip(" |") for ln in out if ln.startswith("| ") and " | " in ln
+           and ln.split(" | ")[0][2:] in ("enum", "maxLength", "not")}
+    assert cov["enum"] == cov["maxLength"] == "enforced" and cov["not"].startswith("refused")
+    assert out[-5].startswith("| feature | llguidance |") and out[-5].count("|") == 3  # the skipped engine: no column
+    with pytest.raises(SystemExit):
+        agents.main(["engines", "--help"])
+    assert "--repeats" in capsys.readouterr().out

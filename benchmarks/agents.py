@@ -1,0 +1,307 @@
+"""Structured outputs (docs/agents.md), two subcommands.
+
+`json`: constrained plain vs constrained speculative decoding on the JSON-extraction workload, side
+by side in one run on one loaded target (greedy): time per token end to end and after the first
+token, the grammar's time (masks, walks, rollbacks), acceptance, schema validity and identity with
+constrained plain decoding. Rows go to OUT/rows.jsonl, the table to stdout (`--table ROWS` remakes it).
+
+    flock /work/runs/cpu.lock .venv/bin/python benchmarks/agents.py json \
+        --out docs/data/agents_json --drafters ngram suffix --max-tokens 160
+
+`engines`: llguidance and xgrammar on the packaged Qwen2.5-Coder tokenizer. Per schema: compile
+time, the mask's time per token along a valid answer (computed at every state the answer passes
+through, unpacked to a [V] bool tensor as draftwise uses it), a draft's walk (consume 8 tokens,
+roll 8 back). Then coverage: which schema features compile and are enforced (a valid instance
+passes, an invalid one is refused). An engine not installed is skipped with a line saying so.
+
+    .venv/bin/python benchmarks/agents.py engines [--repeats 3] > docs/data/agents_json/grammar_engines.txt
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+WORKLOAD = Path(__file__).parent / "workloads" / "json_extraction_2026_12_07.jsonl"
+
+
+def run(engine, ids: list[int], grammar, max_tokens: int) -> dict:
+    r = engine.generate(ids, max_tokens=max_tokens, constraint=grammar)
+    s, n = r.stats, len(r.token_ids)
+    return {"tokens": n, "wall_s": s.wall_s, "ttft_s": r.ttft_s, "grammar_s": s.grammar_s,
+            "after_first_ms": 1e3 * (s.wall_s - r.ttft_s) / max(n - 1, 1), "proposed": s.proposed_tokens,
+            "accepted": s.accepted_draft_tokens, "finish": r.finish_reason, "text": r.text, "token_ids": r.token_ids}
+
+
+def valid(grammar, token_ids: list[int], text: str) -> bool:
+    """The whole answer parses and a fresh parser of the schema takes it to its end."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    c = grammar.start()
+    c.advance(token_ids)
+    return c.finished
+
+
+def measure(engines: dict, tok, grammars, rows: list[dict], max_tokens: int, out: Path) -> Path:
+    """Each workload row on each engine (the first is plain); rows to out/rows.jsonl, progress to stderr."""
+    from draftwise.compare import first_divergence
+    out.mkdir(parents=True, exist_ok=True)
+    warm = grammars.json_object()  # one untimed request per engine: kernels, cost curves, the grammar's caches
+    for eng in engines.values():
+        eng.generate(tok.apply_chat([{"role": "user", "content": "Say hi as JSON."}]), max_tokens=16, constraint=warm)
+    with open(out / "rows.jsonl", "w") as f:
+        for row in rows:
+            g = grammars.json_schema(row["response_format"]["json_schema"]["schema"])
+            ids = tok.apply_chat([{"role": "user", "content": row["prompt"]}])
+            plain = None
+            for name, eng in engines.items():
+                r = run(eng, ids, g, max_tokens)
+                r.update(id=row["id"], config=name, prompt_tokens=len(ids), valid=valid(g, r["token_ids"], r["text"]))
+                plain = plain or r
+                r["divergence"] = first_divergence(plain["token_ids"], r["token_ids"])
+                f.write(json.dumps({k: v for k, v in r.items() if k != "token_ids"}) + "\n")
+                print(f"{row['id']:10s} {name:7s} {r['tokens']:4d} tok  {r['after_first_ms']:6.1f} ms/tok after "
+                      f"the first  grammar {1e3 * r['grammar_s'] / max(r['tokens'], 1):.2f} ms/tok  "
+                      f"valid {r['valid']}  divergence {r['divergence']}", file=sys.stderr, flush=True)
+    return out / "rows.jsonl"
+
+
+def table(path: Path) -> str:
+    """The markdown table of a rows.jsonl `measure` wrote, speedups against its `plain` config."""
+    results = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+    lines = ["| config | tokens | ms/token end to end | ms/token after the first | speedup e2e | speedup after first "
+             "| grammar ms/token | acceptance | valid | identical to plain |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def per_token(rs):
+        return (sum(r["wall_s"] for r in rs) / sum(r["tokens"] for r in rs),
+                sum(r["wall_s"] - r["ttft_s"] for r in rs) / sum(r["tokens"] - 1 for r in rs))
+    p_e2e, p_after = per_token([r for r in results if r["config"] == "plain"])
+    for name in dict.fromkeys(r["config"] for r in results):
+        rs = [r for r in results if r["config"] == name]
+        n, (e2e, after) = sum(r["tokens"] for r in rs), per_token(rs)
+        acc = sum(r["accepted"] for r in rs) / max(sum(r["proposed"] for r in rs), 1)
+        lines.append(f"| {name} | {n} | {1e3 * e2e:.1f} | {1e3 * after:.1f} | {p_e2e / e2e:.2f}x | {p_after / after:.2f}x"
+                     f" | {1e3 * sum(r['grammar_s'] for r in rs) / n:.2f} | {acc:.2f} | "
+                     f"{sum(r['valid'] for r in rs)}/{len(rs)} | {sum(r['divergence'] is None for r in rs)}/{len(rs)} |")
+    prompts = {r["id"]: r["prompt_tokens"] for r in results if "prompt_tokens" in r}  # rows of older runs lack it
+    return "\n".join(lines + ([f"median prompt tokens: {statistics.median(prompts.values())}"] if prompts else []))
+
+
+def json_main(a) -> int:
+    if a.table:
+        print(table(a.table))
+        return 0
+    from draftwise.build import EngineSpec, build_engine, load_target
+    from draftwise.engine import Engine
+    from draftwise.grammar import Grammars
+    rows = [json.loads(x) for x in WORKLOAD.read_text().splitlines() if x.strip()][: a.limit]
+    target = load_target(EngineSpec(drafter="none", backend="llama.cpp", kernels=a.kernels, max_running=1))
+    runner, tok = target
+    engines = {"plain": Engine(runner, tok, max_running=1)}
+    for d in a.drafters:
+        engines[d] = build_engine(EngineSpec(drafter=d, num_draft_tokens="auto", backend="llama.cpp",
+                                             kernels=a.kernels, max_running=1), target=target)[0]
+    print(table(measure(engines, tok, Grammars(tok, runner.vocab_size), rows, a.max_tokens, Path(a.out))))
+    return 0
+
+
+S, I = {"type": "string"}, {"type": "integer"}
+
+
+def obj(props: dict, required=None) -> dict:  # an object schema, every property required unless told
+    return {"type": "object", "properties": props, "required": list(props) if required is None else required,
+            "additionalProperties": False}
+
+
+PERSON = obj({"name": S, "age": {"type": "integer", "minimum": 0}, "email": S, "skills": {"type": "array", "items": S}})
+PERSON_OK = {"name": "Ada Lovelace", "age": 36, "email": "ada@example.org", "skills": ["maths", "poetry", "engines"]}
+TOOL = obj({"location": S, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}, "days": I})
+TOOL_OK = {"location": "Paris, France", "unit": "celsius", "days": 3}
+ORDERS = obj({"orders": {"type": "array", "items": obj({"id": S, "qty": I, "price": {"type": "number"},
+                                                         "shipped": {"type": "boolean"}})}})
+ORDERS_OK = {"orders": [{"id": f"A-{i}", "qty": i, "price": 9.5 * i, "shipped": i % 2 == 0} for i in range(1, 6)]}
+ANY = {"type": "object"}  # json_object
+ANY_OK = {"summary": "a function that adds two numbers", "lines": [1, 2, 3], "ok": True, "extra": None}
+TIMED = [("person", PERSON, PERSON_OK), ("tool-args", TOOL, TOOL_OK), ("orders", ORDERS, ORDERS_OK),
+         ("json_object", ANY, ANY_OK)]
+FEATURES = [  # name, schema, a valid instance, an invalid one
+    ("enum", {"enum": ["a", "b"]}, "a", "c"),
+    ("const", {"const": 3}, 3, 4),
+    ("pattern", {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}, "AB-123", "ab-123"),
+    ("format date-time", {"type": "string", "format": "date-time"}, "2026-12-07T10:00:00Z", "yesterday"),
+    ("format email", {"type": "string", "format": "email"}, "a@b.org", "not an email"),
+    ("format uuid", {"type": "string", "format": "uuid"}, "123e4567-e89b-12d3-a456-426614174000", "x-y"),
+    ("minLength/maxLength", {"type": "string", "minLength": 2, "maxLength": 3}, "abc", "abcd"),
+    ("minimum/maximum", {"type": "integer", "minimum": 1, "maximum": 9}, 5, 12),
+    ("exclusiveMinimum (number)", {"type": "number", "exclusiveMinimum": 0}, 0.5, -1),
+    ("multipleOf", {"type": "integer", "multipleOf": 5}, 15, 7),
+    ("minItems/maxItems", {"type": "array", "items": S, "minItems": 1, "maxItems": 2}, ["a"], []),
+    ("uniqueItems", {"type": "array", "items": I, "uniqueItems": True}, [1, 2], [1, 1]),
+    ("prefixItems", {"type": "array", "prefixItems": [S, I], "items": False}, ["a", 1], [1, "a"]),
+    ("anyOf", {"anyOf": [S, I]}, 3, True),
+    ("oneOf", {"oneOf": [S, I]}, "x", None),
+    ("allOf", {"allOf": [{"type": "object", "properties": {"a": S}, "required": ["a"]},
+                         {"type": "object", "properties": {"b": S}, "required": ["b"]}]}, {"a": "x", "b": "y"}, {"a": "x"}),
+    ("$ref/$defs", {"$defs": {"p": {"type": "object", "properties": {"x": I}, "required": ["x"]}},
+                    "$ref": "#/$defs/p"}, {"x": 1}, {"x": "1"}),
+    ("recursive $ref", {"$defs": {"n": {"type": "object", "properties": {
+        "v": I, "kids": {"type": "array", "items": {"$ref": "#/$defs/n"}}}, "required": ["v", "kids"]}},
+        "$ref": "#/$defs/n"}, {"v": 1, "kids": [{"v": 2, "kids": []}]}, {"v": 1, "kids": [{"v": "2"}]}),
+    ("additionalProperties schema", {"type": "object", "additionalProperties": I}, {"a": 1}, {"a": "x"}),
+    ("patternProperties", {"type": "object", "patternProperties": {"^x_": I}, "additionalProperties": False},
+     {"x_a": 1}, {"y": 1}),
+    ("optional properties", obj({"a": S, "b": S}, ["a"]), {"a": "x"}, {"b": "x"}),
+    ("type list (nullable)", {"type": ["string", "null"]}, None, 1),
+    ("if/then/else", {"if": I, "then": {"minimum": 0}, "else": S}, 1, -1),
+    ("not", {"not": S}, 1, "x"),
+    ("dependentRequired", {"type": "object", "properties": {"a": S, "b": S}, "dependentRequired": {"a": ["b"]}},
+     {"a": "x", "b": "y"}, {"a": "x"}),
+]
+
+
+class _Engine:
+    def rollback(self, m, n):
+        m.rollback(n)
+
+
+class LLG(_Engine):
+    name = "llguidance"
+
+    def __init__(self, hf, vocab):
+        import llguidance
+        self.llg, self.vocab, self.tok = llguidance, vocab, self.tokenizer(hf, vocab)
+
+    @staticmethod
+    def tokenizer(hf, vocab):
+        import llguidance.hf
+        return llguidance.hf.from_tokenizer(hf, n_vocab=vocab)
+
+    def matcher(self, schema):
+        g = self.llg.LLMatcher.grammar_from_json_schema(
+            schema, defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "})
+        m = self.llg.LLMatcher(self.tok, g, log_level=0)
+        if m.is_error():
+            raise ValueError(m.get_error())
+        return m
+
+    def mask(self, m):
+        return np.unpackbits(np.frombuffer(m.compute_bitmask(), np.uint8), bitorder="little")[: self.vocab]
+
+    def consume(self, m, toks) -> bool:
+        return m.consume_tokens(toks) if toks else True
+
+
+class XGR(_Engine):
+    name = "xgrammar"
+
+    def __init__(self, hf, vocab):
+        import xgrammar as xgr
+        self.xgr, self.vocab = xgr, vocab
+        self.compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab))
+        self.bits = xgr.allocate_token_bitmask(1, vocab)
+
+    def matcher(self, schema):
+        cg = self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=False, separators=(", ", ": "))
+        return self.xgr.GrammarMatcher(cg, max_rollback_tokens=64)
+
+    def mask(self, m):
+        m.fill_next_token_bitmask(self.bits)
+        return np.unpackbits(self.bits.numpy().view(np.uint8), bitorder="little")[: self.vocab]
+
+    def consume(self, m, toks) -> bool:
+        return all(m.accept_token(t) for t in toks)  # stops at the first refused token
+
+
+def timed(engine, hf, schema, instance, repeats):
+    t = time.perf_counter()
+    engine.matcher(schema)
+    compile_ms = (time.perf_counter() - t) * 1e3
+    toks = hf.encode(json.dumps(instance), add_special_tokens=False)
+    masks, walks = [], []
+    for _ in range(repeats):
+        m = engine.matcher(schema)
+        for i, tok in enumerate(toks):
+            t = time.perf_counter()
+            allowed = engine.mask(m)
+            masks.append(time.perf_counter() - t)
+            assert allowed[tok], f"{engine.name}: token {i} ({hf.decode([tok])!r}) refused"
+            engine.consume(m, [tok])
+        m = engine.matcher(schema)
+        for i in range(0, len(toks) - 8, 8):
+            t = time.perf_counter()
+            engine.consume(m, toks[i:i + 8])
+            engine.rollback(m, 8)
+            walks.append(time.perf_counter() - t)
+            engine.consume(m, toks[i:i + 8])
+    return compile_ms, len(toks), statistics.median(masks) * 1e3, max(masks) * 1e3, statistics.median(walks) * 1e3
+
+
+def enforced(engine, hf, schema, good, bad) -> str:
+    try:
+        m = engine.matcher(schema)
+    except Exception as e:  # noqa: BLE001
+        return f"refused ({str(e).splitlines()[0][:60]})"
+    ok = engine.consume(m, hf.encode(json.dumps(good), add_special_tokens=False))
+    m = engine.matcher(schema)
+    wrong = engine.consume(m, hf.encode(json.dumps(bad), add_special_tokens=False))
+    if wrong:  # the whole invalid text was taken: may the grammar end there?
+        wrong = bool(engine.mask(m)[hf.eos_token_id]) if hf.eos_token_id is not None else True
+    return "enforced" if ok and not wrong else ("valid refused" if not ok else "ignored")
+
+
+def compare(hf, vocab: int, repeats: int, kinds=(LLG, XGR), cases=TIMED, features=FEATURES) -> None:
+    """Prints the timing table and the coverage table of the engines in `kinds` that are installed."""
+    engines = []
+    for cls in kinds:
+        t = time.perf_counter()
+        try:
+            engines.append(cls(hf, vocab))
+        except ImportError as e:
+            print(f"{cls.name}: not installed, skipped ({e})")
+            continue
+        print(f"{cls.name}: tokenizer set-up {time.perf_counter() - t:.2f} s")
+    print("\n| engine | schema | compile ms | answer tokens | mask ms/token (median) | max | consume 8 + rollback 8 ms |")
+    print("|---|---|---|---|---|---|---|")
+    for e in engines:
+        for name, schema, inst in cases:
+            c, n, med, mx, walk = timed(e, hf, schema, inst, repeats)
+            print(f"| {e.name} | {name} | {c:.1f} | {n} | {med:.3f} | {mx:.2f} | {walk:.3f} |")
+    print("\n| feature | " + " | ".join(e.name for e in engines) + " |")
+    print("|---|" + "---|" * len(engines))
+    for name, schema, good, bad in features:
+        print(f"| {name} | " + " | ".join(enforced(e, hf, schema, good, bad) for e in engines) + " |")
+
+
+def load_tokenizer():
+    from draftwise.models.load import load_tokenizer as lt
+    from draftwise.models.registry import resolve
+    return lt(resolve("qwen2.5-coder-1.5b")).hf
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    j = sub.add_parser("json", help="constrained plain vs speculative decoding on the JSON-extraction workload")
+    j.add_argument("--out", default="docs/data/agents_json")
+    j.add_argument("--drafters", nargs="+", default=["ngram", "suffix"])
+    j.add_argument("--max-tokens", type=int, default=160)
+    j.add_argument("--kernels", default="repacked")
+    j.add_argument("--limit", type=int, default=None)
+    j.add_argument("--table", metavar="ROWS", help="print the table of a saved rows.jsonl and stop")
+    e = sub.add_parser("engines", help="llguidance vs xgrammar: mask time and schema coverage")
+    e.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args(argv)
+    if a.cmd == "engines":  # 151936: the model's logits width (the tokenizer holds 151,665)
+        return compare(load_tokenizer(), 151936, a.repeats) or 0
+    return json_main(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
