@@ -17,10 +17,12 @@ the draft-length policy (which neither drafts nor learns from that round).
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import torch
 
 from draftwise.drafters.base import Proposal
+from draftwise.sampling import mask_logits
 
 
 def forced_run(st, limit: int) -> Proposal | None:
@@ -41,7 +43,12 @@ def chain(prop: Proposal) -> Proposal:
     return prop.first(n)
 
 
-def constrain(st, prop: Proposal) -> tuple[Proposal, torch.Tensor]:
+class Constrained(NamedTuple):
+    prop: Proposal  # the draft cut at the first token the grammar refuses, q masked and renormalised
+    masks: torch.Tensor  # [d+1, V] bool: row i the grammar's mask after the draft's first i tokens
+
+
+def constrain(st, prop: Proposal) -> Constrained:
     """The proposal cut at the first token the grammar refuses, its q masked and renormalised,
     and the masks [d+1, V] bool (row i: after its first i tokens). The grammar stays advanced
     through the draft until the verifier settles it (Constraint.settle)."""
@@ -56,4 +63,20 @@ def constrain(st, prop: Proposal) -> tuple[Proposal, torch.Tensor]:
     if prop.probs is not None and d:
         q = prop.draft_probs(masks.shape[1]) * masks[:d]  # [d, V]: the drafted token is allowed, so rows are > 0
         prop = dataclasses.replace(prop, probs=q / q.sum(-1, keepdim=True))
-    return prop, masks
+    return Constrained(prop, masks)
+
+
+def check_constraint(target, grammar) -> None:
+    """ValueError for a grammar whose masks do not span the target's logits."""
+    if grammar is not None and grammar.vocab_size != target.vocab_size:
+        raise ValueError(f"the grammar was compiled for {grammar.vocab_size} tokens, the target has "
+                         f"{target.vocab_size}: compile it with Grammars(tokenizer, target.vocab_size)")
+
+
+def first_row(st, row: torch.Tensor) -> torch.Tensor:  # [1, V]
+    """The prefill's last row as the first token is drawn from it: under the request's grammar
+    (whose state starts here, as `st.constraint`), masked like every verified row."""
+    if st.req.constraint is None:
+        return row
+    st.constraint = st.req.constraint.start()
+    return mask_logits(row, st.constraint.allowed()[None])

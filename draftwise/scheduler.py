@@ -19,14 +19,10 @@ through the request's `deliver` callback: a `Chunk` per step (the last one carri
 of the next step. The requests' sequences, and prompts' KV kept for later requests, are
 draftwise.prefix_reuse's; what the loop reports goes to an observer (draftwise.observer).
 
-Failure boundaries: every per-request part of a step (set-up, prefill, drafting, acceptance,
-commit) runs inside that request's boundary (`_try`): an exception fails that request alone (its
-KV freed, the exception delivered) and the others go on as if it had never run. A batched
-forward that fails (target or draft model) is retried once per sequence alone, so it fails only
-the requests whose own forward fails.
-
-Each sequence keeps its own context, accepted counts and KV state, so a request's greedy output
-depends on the others only through the numerics of the shared forward (docs/design.md).
+Failure boundaries: every per-request part of a step runs inside that request's boundary
+(`_try`): an exception fails that request alone (its KV freed, the exception delivered). A batched
+forward that fails is retried once per sequence alone, so it fails only the requests whose own
+forward fails.
 """
 from __future__ import annotations
 
@@ -37,7 +33,7 @@ from typing import NamedTuple
 import torch
 
 from draftwise.backends.base import ModelRunner, padded_parts
-from draftwise.constrained import constrain, forced_run
+from draftwise.constrained import check_constraint, constrain, first_row, forced_run
 from draftwise.drafters.base import Drafter, Proposal
 from draftwise.observer import NullObserver, Observer
 from draftwise.output import OutputTracker
@@ -46,7 +42,7 @@ from draftwise.proposing import Drafting, Drafts
 from draftwise.prefix_reuse import Sequences
 from draftwise.request import (Request, RequestState, Round, TokenLogprobs, check_draft_len, check_prediction,
                                check_request)
-from draftwise.sampling import argmax, mask_logits, sample, warp
+from draftwise.sampling import argmax, sample, warp
 from draftwise.verifier import Scored, Verifier
 from draftwise.verify import rejection_sample, rejection_sample_tree
 from draftwise.waiting import ShuttingDown, WaitingQueue
@@ -70,16 +66,13 @@ class Drafted(NamedTuple):
 
 class Scheduler:
     """`policy` picks D (default: plain decoding); `sampler` and `tree_sampler` are the acceptance
-    rules for chains and candidate trees at temperature > 0 (swappable only so that `draftwise
-    verify` can show it catches a wrong one). With `reuse_prefix` and `prompt_cache_bytes` > 0,
-    prompts' KV is kept for later requests (draftwise.prefix_reuse). `pad_ragged` (llama.cpp with
-    per-sequence KV streams, which splits a batch into ubatches of equally many tokens per
-    sequence): pad each step's feeds to equal length, trading ragged ubatches for wasted rows
-    (draftwise.verifier). `max_queue`: waiting requests past which `submit` raises QueueFull
-    (draftwise.waiting). `reserve_draft`: the context check
-    leaves room for a whole draft after max_tokens; False checks only prompt + max_tokens, which is
-    all a request needs, since a round never drafts past max_tokens (D <= tokens left - 1) and
-    padding stops at the context."""
+    rules at temperature > 0 (swappable only so that `draftwise verify` can show it catches a wrong
+    one). `reuse_prefix`, `prompt_cache_bytes`: prompts' KV kept for later requests
+    (draftwise.prefix_reuse). `pad_ragged`: pad each step's feeds to equal length (llama.cpp splits
+    a ragged batch into ubatches; draftwise.verifier). `max_queue`: waiting requests past which
+    `submit` raises QueueFull. `reserve_draft`: the context check leaves room for a whole draft
+    after max_tokens; False checks prompt + max_tokens only, all a request needs (a round never
+    drafts past max_tokens and padding stops at the context)."""
 
     def __init__(self, target: ModelRunner, tokenizer, drafter: Drafter | None = None,
                  policy: DraftPolicy | None = None, max_running: int = 16, max_queue: int = 64,
@@ -130,9 +123,7 @@ class Scheduler:
         self.check(req.prompt_ids, req.max_tokens, req.num_draft_tokens)
         check_prediction(self.target, req.prompt_ids, req.prediction)
         OutputTracker(self.tokenizer, req.max_tokens, req.stop)  # bad stop strings fail here
-        if req.constraint is not None and req.constraint.vocab_size != self.target.vocab_size:
-            raise ValueError(f"the grammar was compiled for {req.constraint.vocab_size} tokens, the target has "
-                             f"{self.target.vocab_size}: compile it with Grammars(tokenizer, target.vocab_size)")
+        check_constraint(self.target, req.constraint)
 
     def submit(self, req: Request) -> None:
         self.validate(req)
@@ -240,10 +231,7 @@ class Scheduler:
             dt = time.perf_counter() - t
             self.observer.forward("prefill", 1, len(new), dt)
             self.observer.phase("prefill", dt)
-        row = logits[-1:]  # [1, V]
-        if req.constraint is not None:  # the grammar masks the first token too
-            st.constraint = req.constraint.start()
-            row = mask_logits(row, st.constraint.allowed()[None])
+        row = first_row(st, logits[-1:])  # [1, V]: under a grammar, masked and its state started
         first = int(argmax(row[-1])) if p.greedy else sample(warp(row, p)[0], st.gen)
         if st.constraint is not None:
             st.constraint.advance([first])
@@ -348,18 +336,14 @@ class Scheduler:
     @staticmethod
     def _send(req: Request, event) -> bool:
         try:
-            req.deliver(event)
-            return True
+            return req.deliver(event) or True
         except Exception:  # noqa: BLE001 - e.g. the client's event loop is gone
             return False
 
 
 def _constrained(d: Drafted) -> Drafted:
-    """A constrained request's draft cut to what its grammar allows, with the masks (draftwise.constrained)."""
-    if d.st.constraint is None:
-        return d
-    prop, masks = constrain(d.st, d.prop)
-    return d._replace(prop=prop, masks=masks)
+    """The draft cut to what the request's grammar allows, with its masks (draftwise.constrained)."""
+    return d if d.st.constraint is None else d._replace(**constrain(d.st, d.prop)._asdict())
 
 
 def _logprobs(req: Request, logits: torch.Tensor, tokens: list[int]) -> list[TokenLogprobs] | None:
