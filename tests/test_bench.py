@@ -398,7 +398,7 @@ class SevenDrafter(CheapDrafter):
         return Proposal([7] * n)
 
 
-def accept_all(logits, prop, params, gen):
+def accept_all(logits, prop, params, gen, masks=None):
     d = len(prop.tokens)
     return VerifyResult(prop.tokens + [int(logits[d].argmax())], d, d), None
 

@@ -62,10 +62,12 @@ def test_constrained_answers_are_valid_and_speculation_is_plain(smol):
             print(f"{row['id']}: divergence at {j}, plain's and speculation's tokens {gaps} below the best allowed")
             assert max(gaps) < NEAR_TIE, (row["id"], j, gaps)
         assert spec.stats.proposed_tokens > 0
+        c = g.start()
+        c.advance(plain.token_ids)  # raises where a token breaks the grammar: a cut answer is a valid prefix
         if plain.finish_reason == "stop":
             ended += 1
             json.loads(plain.text)
-            c = g.start()
-            c.advance(plain.token_ids)
             assert c.finished, plain.text
-    assert ended >= len(rows) - 1
+        else:
+            assert plain.finish_reason == "length", plain.finish_reason
+    assert ended >= 1  # the 135M model often runs on inside a string past 160 tokens
