@@ -121,7 +121,9 @@ class Constraint:
 
     def __init__(self, matcher, vocab_size: int, eos: list[int]):
         self.m, self.vocab_size, self.eos = matcher, vocab_size, eos
-        self.pending = 0  # draft tokens walked and not yet settled
+        # per draft token walked and not yet settled: whether the matcher recorded it (an EOS
+        # consumed once the grammar has stopped is not, and a rollback must not count it)
+        self._walked: list[bool] = []
         self.seconds = 0.0  # spent in the grammar: masks, walks, rollbacks (SpecStats.grammar_s)
 
     def allowed(self) -> torch.Tensor:  # [V] bool
@@ -139,23 +141,22 @@ class Constraint:
     def walk(self, draft: list[int]) -> torch.Tensor:
         """[n+1, V] bool masks, n = the draft's longest prefix the grammar allows: row i is the
         mask after the first i tokens, which stay consumed (pending) until `settle`."""
-        if self.pending:
+        if self._walked:
             raise RuntimeError("settle the last walked draft before walking another")
         t = time.perf_counter()
         n = self.m.validate_tokens(draft) if draft else 0
         self.seconds += time.perf_counter() - t
         rows = [self.allowed()]
         for tok in draft[:n]:
-            self._consume(tok)
-            self.pending += 1
+            self._walked.append(self._consume(tok))
             rows.append(self.allowed())
         return torch.stack(rows)
 
     def settle(self, accepted: int, more: list[int]) -> None:
         """Keep `accepted` walked draft tokens, roll back the rest, then consume `more`."""
-        if not 0 <= accepted <= self.pending:
-            raise ValueError(f"{accepted} accepted of {self.pending} walked draft tokens")
-        rejected, self.pending = self.pending - accepted, 0
+        if not 0 <= accepted <= len(self._walked):
+            raise ValueError(f"{accepted} accepted of {len(self._walked)} walked draft tokens")
+        rejected, self._walked = sum(self._walked[accepted:]), []
         self.rollback(rejected)
         self.advance(more)
 
@@ -191,12 +192,16 @@ class Constraint:
         row = self.allowed()
         return bool(row.any()) and bool(row[self.eos].sum() == row.sum())
 
-    def _consume(self, t: int) -> None:
+    def _consume(self, t: int) -> bool:
+        """Consume t; whether the matcher recorded it (an EOS once stopped, or refused where the
+        grammar is complete, ends the answer without a step to roll back)."""
         t0 = time.perf_counter()
-        ok = self.m.consume_token(t) or (t in self.eos and self.m.is_accepting())
+        stopped = self.m.is_stopped()
+        recorded = not stopped and self.m.consume_token(t)
         self.seconds += time.perf_counter() - t0
-        if not ok:
+        if not recorded and not (t in self.eos and (stopped or self.m.is_accepting())):
             raise RuntimeError(f"token {t} is not allowed by the grammar here: {_first_line(self.m.get_error())}")
+        return recorded
 
     def _check(self) -> None:
         if self.m.is_error():

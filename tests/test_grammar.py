@@ -67,6 +67,26 @@ def test_walk_cuts_the_draft_at_the_first_refused_token_and_settle_rolls_back(gr
         c.walk(draft)  # the last walk is still pending
 
 
+
+def test_a_draft_through_the_answers_end_and_its_eos_rolls_back_exactly(grammars):
+    """`}` completes the answer (the matcher stops) and the EOS after it is not a step of the
+    matcher's history: rolling the draft back must not count it (else one token too many is
+    undone, and the target's recovered token is refused)."""
+    g = grammars.json_schema(SCHEMA)
+    prefix = ids('{"a": "ab", "b": ')
+    draft = ids("true}") + [EOS]
+    for k in range(len(draft)):
+        c = g.start()
+        c.advance(prefix)
+        masks = c.walk(draft)
+        assert masks.shape[0] == len(draft) + 1  # every token allowed, EOS included
+        more = ids("false")[:1] if k == 0 else ids("}") if k == 1 else [EOS]
+        c.settle(k, more)
+        fresh = g.start()
+        fresh.advance(prefix + draft[:k] + more)
+        assert torch.equal(c.allowed(), fresh.allowed()), k
+    assert {PIECES[t] for t in c.allowed().nonzero().flatten().tolist()} == {"<eos>"}
+
 def test_rows_of_a_walk_are_the_masks_after_each_prefix(grammars):
     g = grammars.json_schema(SCHEMA)
     text = ids('{"a": "ab", "b": false}')
