@@ -59,7 +59,7 @@ def measure(engines: dict, tok, grammars, rows: list[dict], max_tokens: int, out
     with open(out / "rows.jsonl", "w") as f:
         for row in rows:
             g = grammars.json_schema(row["response_format"]["json_schema"]["schema"])
-            ids = tok.apply_chat([{"role": "user", "content": row["prompt"]}])
+            ids = tok.apply_chat(row["messages"])
             plain = None
             for name, eng in engines.items():
                 r = run(eng, ids, g, max_tokens)

@@ -208,5 +208,24 @@ class Constraint:
             raise RuntimeError(f"the grammar's parser failed: {_first_line(self.m.get_error())}")
 
 
+def format_schema(response_format: dict | None) -> dict | None:
+    """The JSON schema an OpenAI `response_format` asks for ({"type": "object"} for json_object),
+    None for text; ValueError naming the problem for any other shape."""
+    if response_format is not None and not isinstance(response_format, dict):
+        raise ValueError(f"response_format must be an object, got {type(response_format).__name__}")
+    kind = (response_format or {}).get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind != "json_schema":
+        raise ValueError(f"response_format.type must be text, json_object or json_schema, got {kind!r}")
+    spec = response_format.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise ValueError("response_format json_schema needs json_schema.schema, a JSON schema object")
+    return schema
+
+
 def _first_line(message: str) -> str:
     return message.strip().splitlines()[0][:300] if message.strip() else "(no message)"

@@ -4,7 +4,8 @@
   opens with "```python\\n", so the model starts writing the edited code at once.
 - HumanEval: the raw prompt (signature + docstring) as code completion, no chat template.
 - Spec-Bench: a chat turn with the row's first turn (both turns on request).
-- JSONL files of {"id", "category", "prompt"} (raw) or {"id", "category", "messages"} rows.
+- JSONL files of {"id", "category", "prompt"} (raw) or {"id", "category", "messages"} rows, each
+  with an optional `prediction` (a string) and `response_format` (OpenAI's json_object / json_schema).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftwise.grammar import format_schema
 from draftwise.tokenizer import Tokenizer
 
 PROSE = ("writing", "roleplay", "humanities")
@@ -29,6 +31,7 @@ class Prompt:
     messages: tuple[dict, ...] | None = None  # chat turns
     assistant_prefix: str = ""  # opens the assistant turn (chat only)
     prediction: str | None = None  # the expected output (Predicted Outputs), sent by configurations that ask
+    response_format: dict | None = None  # OpenAI's: every configuration answers under its JSON schema
 
     def token_ids(self, tokenizer: Tokenizer) -> list[int]:
         if self.messages is not None:
@@ -127,6 +130,12 @@ def from_jsonl(path: str | Path) -> list[Prompt]:
         prediction = r.get("prediction")
         if prediction is not None and not isinstance(prediction, str):
             raise ValueError(f"{path} row {i}: 'prediction' must be a string (the expected output)")
+        fmt = r.get("response_format")
+        try:
+            format_schema(fmt)
+        except ValueError as e:
+            raise ValueError(f"{path} row {i}: {e}") from None
+        extra = {"prediction": prediction, "response_format": fmt}
         if "messages" in r:
             m = r["messages"]
             if not (isinstance(m, list) and m and all(isinstance(x, dict) and isinstance(x.get("role"), str)
@@ -134,10 +143,9 @@ def from_jsonl(path: str | Path) -> list[Prompt]:
                 raise ValueError(f"{path} row {i}: 'messages' must be a non-empty list of "
                                  "{\"role\": ..., \"content\": ...} objects with string values")
             out.append(Prompt(str(r.get("id", i)), r.get("category", "custom"), messages=tuple(r["messages"]),
-                              prediction=prediction))
+                              **extra))
         elif "prompt" in r:
-            out.append(Prompt(str(r.get("id", i)), r.get("category", "custom"), text=r["prompt"],
-                              prediction=prediction))
+            out.append(Prompt(str(r.get("id", i)), r.get("category", "custom"), text=r["prompt"], **extra))
         else:
             raise ValueError(f"{path} row {i}: needs a 'prompt' or 'messages' field")
     return out

@@ -360,3 +360,17 @@ def test_a_prediction_is_sent_as_openais_predicted_outputs(server):
     assert "prediction" not in server.bodies[-1][1]
     cfg = BenchConfig(endpoints={"dw": server.url, "dw+prediction": server.url})
     assert [(c.name, c.prediction) for c in cfg.run_configs()] == [("dw", False), ("dw+prediction", True)]
+
+
+def test_a_rows_response_format_is_sent_to_chat_and_as_llama_servers_json_schema_to_completions(server):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    EndpointTarget(server.url).run_one(PROMPT, [0, 1, 2], {**KW, "response_format": fmt})
+    assert server.bodies[-1][1]["response_format"] == fmt and server.bodies[-1][1]["json_schema"] == schema
+    chat = Prompt("p1", "c", messages=({"role": "user", "content": "abc"},))
+    EndpointTarget(server.url, api="chat").run_one(chat, [0, 1, 2], {**KW, "response_format": {"type": "json_object"}})
+    path, body = server.bodies[-1]
+    assert path.endswith("/chat/completions") and body["response_format"] == {"type": "json_object"}
+    assert "json_schema" not in body
+    EndpointTarget(server.url).run_one(PROMPT, [0, 1, 2], KW)
+    assert "response_format" not in server.bodies[-1][1] and "json_schema" not in server.bodies[-1][1]

@@ -178,3 +178,31 @@ def test_the_cli_takes_a_schema_file_or_json_object(tmp_path):
     assert _constraint(ap.parse_args(["generate"]), TOK, TableRunner()) is None
     with pytest.raises(SystemExit):
         ap.parse_args(["generate", "--json-object", "--json-schema", str(path)])
+
+
+def test_bench_answers_a_rows_response_format_under_its_schema_in_every_configuration(tmp_path):
+    from draftwise.bench.config import BenchConfig
+    from draftwise.bench.run import run_bench
+    from draftwise.prompts import from_jsonl
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "pair", "strict": True, "schema": PAIR}}
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"id": "j", "category": "json", "prompt": "ab", "response_format": fmt}) + "\n"
+                    + json.dumps({"id": "t", "category": "text", "prompt": "ab"}) + "\n")
+    assert [p.response_format for p in from_jsonl(path)] == [fmt, None]
+    runner = TableRunner(seed=0)
+    engines = {"plain": Engine(runner, TOK), "ngram:4": Engine(runner, TOK, TableDrafter(seed=10), 4)}  # a table drafter
+    cfg = BenchConfig(target="fake", workload=str(path), n_per_category=None, max_tokens=60, configs=tuple(engines),
+                      out_dir=str(tmp_path / "out"), context_edges=(8,), warmup=1)
+    recs = [json.loads(x) for x in open(run_bench(cfg, engines=engines, tokenizer=TOK, progress=False))]
+    by = {(r["prompt_id"], r["config"]): r for r in recs if r["kind"] == "request"}
+    plain = Engine(TableRunner(seed=0), TOK).generate(TOK.encode("ab"), max_tokens=60,
+                                                      constraint=Grammars(TOK, len(PIECES)).json_schema(PAIR))
+    for c in engines:
+        assert by[("j", c)]["token_ids"] == plain.token_ids and valid(PAIR, by[("j", c)]["text"]), c
+        assert not valid(PAIR, by[("t", c)]["text"])  # the row without one decodes free
+    for bad, problem in (({"type": "json_schema"}, "json_schema.schema"), ("json", "must be an object"),
+                         ({"type": "yaml"}, "text, json_object or json_schema")):
+        path.write_text(json.dumps({"prompt": "ab", "response_format": bad}) + "\n")
+        with pytest.raises(ValueError, match=problem):
+            from_jsonl(path)

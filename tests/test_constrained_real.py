@@ -53,7 +53,7 @@ def test_constrained_answers_are_valid_and_speculation_is_plain(smol):
     ended = 0
     for row in rows:
         g = grammars.json_schema(row["response_format"]["json_schema"]["schema"])
-        ids = tok.apply_chat([{"role": "user", "content": row["prompt"]}])
+        ids = tok.apply_chat(row["messages"])
         plain = plain_engine.generate(ids, max_tokens=160, constraint=g)
         spec = spec_engine.generate(ids, max_tokens=160, constraint=g)
         j = first_divergence(plain.token_ids, spec.token_ids)

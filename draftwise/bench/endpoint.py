@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 from draftwise.bench.measure import timing_fields
+from draftwise.grammar import format_schema
 from draftwise.prompts import Prompt
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
@@ -186,6 +187,8 @@ class EndpointTarget:
             b["seed"] = kw["seed"]
         if kw.get("prediction"):  # OpenAI's Predicted Outputs
             b["prediction"] = {"type": "content", "content": kw["prediction"]}
+        if kw.get("response_format"):  # OpenAI's (chat); completions: llama-server's json_schema too
+            b["response_format"] = kw["response_format"]
         chat = self.api == "chat" and prompt.messages is not None
         if self.logprobs:
             b.update({"logprobs": True, "top_logprobs": 2} if chat else {"logprobs": 2})
@@ -195,6 +198,9 @@ class EndpointTarget:
                 msgs.append({"role": "assistant", "content": prompt.assistant_prefix})
                 b.update(continue_final_message=True, add_generation_prompt=False)
             return "/v1/chat/completions", {**b, "messages": msgs}
+        schema = format_schema(kw.get("response_format"))
+        if schema is not None:
+            b["json_schema"] = schema
         return "/v1/completions", {**b, "prompt": ids if self.api == "tokens" else prompt.text}
 
     def run_one(self, prompt: Prompt, ids: list[int], kw: dict) -> dict:

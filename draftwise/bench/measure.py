@@ -10,6 +10,7 @@ in-process engine and a server are timed the same way:
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
 import threading
@@ -103,6 +104,9 @@ class _Record:
             self.target.probe_kv()  # the last chunk comes after the KV is freed
 
 
+_GRAMMARS: dict = {}  # (tokenizer id, schema JSON) -> compiled grammar; (tokenizer id, None) -> its compiler
+
+
 class EngineTarget:
     """Runs a group of requests on an in-process Engine, together in its batched loop: a group of
     `concurrency` requests shares every target forward, as on a server."""
@@ -136,7 +140,7 @@ class EngineTarget:
         self.probe_s = 0.0
         recs = [_Record(self) for _ in requests]
         t_group = time.perf_counter()  # before the requests arrive (their t0): queue_s >= 0
-        reqs = [self.engine.request(ids, rec.deliver, **kw) for (_, ids, kw), rec in zip(requests, recs)]
+        reqs = [self.engine.request(ids, rec.deliver, **self._constrained(kw)) for (_, ids, kw), rec in zip(requests, recs)]
         with RssSampler() as rss:
             self.engine.run_batch(reqs)
         d = self.engine.drafter
@@ -156,6 +160,22 @@ class EngineTarget:
                         "probe_s": self.probe_s / len(reqs), "drafter_nodes": nodes,
                         **({"decisions": [list(p) for p in r.decisions]} if r.decisions is not None else {})})
         return out, None
+
+    def _constrained(self, kw: dict) -> dict:
+        """A request's kwargs with its response_format compiled into the grammar it decodes under
+        (compiled once per schema, for the engine's tokenizer and logits width)."""
+        fmt = kw.get("response_format")
+        if fmt is None:
+            return kw
+        from draftwise.grammar import Grammars, format_schema
+
+        schema = format_schema(fmt)
+        key = (id(self.engine.tokenizer), json.dumps(schema, sort_keys=True))
+        if key not in _GRAMMARS:
+            comp = _GRAMMARS.setdefault((id(self.engine.tokenizer), None),
+                                        Grammars(self.engine.tokenizer, self.engine.target.vocab_size))
+            _GRAMMARS[key] = comp.json_schema(schema) if schema is not None else None
+        return {k: v for k, v in kw.items() if k != "response_format"} | {"constraint": _GRAMMARS[key]}
 
     def describe(self) -> dict:
         d = self.engine.drafter

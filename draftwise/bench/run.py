@@ -48,12 +48,18 @@ def plan(n_prompts: int, configs: list[str], repeats: int, concurrency: tuple[in
     return out
 
 
-def request_kwargs(cfg: BenchConfig, repeat: int, prompt_index: int, predicted: Prompt | None = None) -> dict:
-    """One request's settings; `predicted`: the prompt whose prediction it sends."""
+def request_kwargs(cfg: BenchConfig, repeat: int, prompt_index: int, prompt: Prompt | None = None,
+                   prediction: bool = False) -> dict:
+    """One request's settings: the run's, the prompt's response_format (every configuration
+    answers under it alike) and, with `prediction`, the prompt's prediction."""
     seed = None if cfg.sample_seed is None else cfg.sample_seed + 1000 * repeat + prompt_index
-    prediction = {"prediction": predicted.prediction} if predicted is not None and predicted.prediction else {}
-    return {"max_tokens": cfg.max_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
-            "top_k": cfg.top_k, "seed": seed, **prediction}
+    kw = {"max_tokens": cfg.max_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
+          "top_k": cfg.top_k, "seed": seed}
+    if prompt is not None and prompt.response_format:
+        kw["response_format"] = prompt.response_format
+    if prediction and prompt is not None and prompt.prediction:
+        kw["prediction"] = prompt.prediction
+    return kw
 
 
 def _fits(targets: dict, ids: list[int], max_tokens: int) -> bool:
@@ -107,7 +113,7 @@ def run_bench(cfg: BenchConfig, engines: dict[str, Engine] | None = None, tokeni
         bar = tqdm(total=len(work), initial=len(work) - len(todo), disable=not progress, unit="group")
         for w in todo:
             sends = by_name[w.config].prediction
-            reqs = [(prompts[i], ids[i], request_kwargs(cfg, w.repeat, i, prompts[i] if sends else None))
+            reqs = [(prompts[i], ids[i], request_kwargs(cfg, w.repeat, i, prompts[i], sends))
                     for i in w.prompts]
             t_wall = time.time()
             recs, server = targets[w.config].run_group(reqs)
@@ -138,7 +144,7 @@ def run_bench(cfg: BenchConfig, engines: dict[str, Engine] | None = None, tokeni
 
 
 def _warm_up(cfg: BenchConfig, targets: dict, prompt: Prompt, ids: list[int]) -> None:
-    kw = {**request_kwargs(cfg, 0, 0), "max_tokens": min(cfg.max_tokens, WARMUP_TOKENS)}
+    kw = {**request_kwargs(cfg, 0, 0, prompt), "max_tokens": min(cfg.max_tokens, WARMUP_TOKENS)}
     for _ in range(cfg.warmup):
         for t in targets.values():
             t.run_group([(prompt, ids, kw)])

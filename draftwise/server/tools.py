@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from draftwise.grammar import JSON_LAYOUT
+from draftwise.grammar import format_schema as grammar_format_schema
 
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
 OPEN, CLOSE = "<tool_call>", "</tool_call>"  # as draftwise.tokenizer.Tokenizer.tool_call_tokens finds them
@@ -83,21 +84,11 @@ def parse_choice(choice, tools: list[Tool]) -> str | Tool:
 
 
 def format_schema(response_format: dict | None) -> dict | None:
-    """The JSON schema a response_format asks for ({"type": "object"} for json_object), None for text."""
-    kind = (response_format or {}).get("type", "text")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {"type": "object"}
-    if kind != "json_schema":
-        raise BadRequest(f"response_format.type must be text, json_object or json_schema, got {kind!r}",
-                         "response_format")
-    spec = response_format.get("json_schema")
-    schema = spec.get("schema") if isinstance(spec, dict) else None
-    if not isinstance(schema, dict):
-        raise BadRequest("response_format json_schema needs json_schema.schema, a JSON schema object",
-                         "response_format")
-    return schema
+    """draftwise.grammar.format_schema, its errors a 400 naming `response_format`."""
+    try:
+        return grammar_format_schema(response_format)
+    except ValueError as e:
+        raise BadRequest(str(e), "response_format") from None
 
 
 def _laid_out(schema: dict) -> str:
