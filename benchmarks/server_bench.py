@@ -95,7 +95,8 @@ def commands(a: argparse.Namespace) -> tuple[dict[str, list[str]], list[str]]:
     bench = CLI + ["bench", *endpoints, "--baseline", names[a.configs[0]],
                    "--target", a.model, "--workload", a.workload, "--n", str(a.n), "--max-tokens", str(a.max_tokens),
                    "--concurrency", *map(str, a.concurrency), "--repeats", str(a.repeats),
-                   "--warmup", "2", "--no-progress", "--out", a.out] + (["--goal", a.goal] if a.goal else [])
+                   "--warmup", "2", "--no-progress", "--endpoint-api", a.api, "--out", a.out] \
+        + (["--goal", a.goal] if a.goal else [])
     return servers, bench
 
 
@@ -113,6 +114,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--serve-args", default="", help="more draftwise serve options, for every server")
     ap.add_argument("--workload", default="editeval,writing")
     ap.add_argument("--n", type=int, default=8, help="prompts per category")
+    ap.add_argument("--api", choices=["tokens", "chat"], default="tokens",
+                    help="the bench's --endpoint-api: chat sends rows' messages and response_format as chat requests")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--repeats", type=int, default=1)
