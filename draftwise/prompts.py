@@ -5,7 +5,8 @@
 - HumanEval: the raw prompt (signature + docstring) as code completion, no chat template.
 - Spec-Bench: a chat turn with the row's first turn (both turns on request).
 - JSONL files of {"id", "category", "prompt"} (raw) or {"id", "category", "messages"} rows, each
-  with an optional `prediction` (a string) and `response_format` (OpenAI's json_object / json_schema).
+  with an optional `prediction` (a string), `response_format` (OpenAI's json_object / json_schema),
+  `tools` and `tool_choice` (OpenAI's; a chat row's, sent to servers: `bench --endpoint-api chat`).
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ class Prompt:
     assistant_prefix: str = ""  # opens the assistant turn (chat only)
     prediction: str | None = None  # the expected output (Predicted Outputs), sent by configurations that ask
     response_format: dict | None = None  # OpenAI's: every configuration answers under its JSON schema
+    tools: tuple[dict, ...] | None = None  # OpenAI's chat tools (and tool_choice): sent to chat servers
+    tool_choice: str | dict | None = None
 
     def token_ids(self, tokenizer: Tokenizer) -> list[int]:
         if self.messages is not None:
@@ -135,7 +138,13 @@ def from_jsonl(path: str | Path) -> list[Prompt]:
             format_schema(fmt)
         except ValueError as e:
             raise ValueError(f"{path} row {i}: {e}") from None
-        extra = {"prediction": prediction, "response_format": fmt}
+        tools = r.get("tools")
+        if tools is not None and not (isinstance(tools, list) and tools and "messages" in r
+                                      and all(isinstance(t, dict) for t in tools)):
+            raise ValueError(f"{path} row {i}: 'tools' must be a non-empty list of OpenAI tool objects, "
+                             "in a row with 'messages'")
+        extra = {"prediction": prediction, "response_format": fmt, "tools": tuple(tools) if tools else None,
+                 "tool_choice": r.get("tool_choice")}
         if "messages" in r:
             m = r["messages"]
             if not (isinstance(m, list) and m and all(isinstance(x, dict) and isinstance(x.get("role"), str)

@@ -374,3 +374,25 @@ def test_a_rows_response_format_is_sent_to_chat_and_as_llama_servers_json_schema
     assert "json_schema" not in body
     EndpointTarget(server.url).run_one(PROMPT, [0, 1, 2], KW)
     assert "response_format" not in server.bodies[-1][1] and "json_schema" not in server.bodies[-1][1]
+
+
+def test_a_rows_tools_go_to_chat_servers_and_streamed_calls_are_put_back_together(server, tmp_path):
+    from draftwise.bench.endpoint import add_tool_calls
+    from draftwise.prompts import from_jsonl
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    chat = Prompt("p1", "c", messages=({"role": "user", "content": "abc"},), tools=tuple(tools), tool_choice="required")
+    kw = {**KW, "tools": tools, "tool_choice": "required"}
+    EndpointTarget(server.url, api="chat").run_one(chat, [0, 1, 2], kw)
+    assert server.bodies[-1][1]["tools"] == tools and server.bodies[-1][1]["tool_choice"] == "required"
+    with pytest.raises(ValueError, match="--endpoint-api chat"):
+        EndpointTarget(server.url).body(chat, [0, 1, 2], kw)
+    calls = []
+    add_tool_calls(calls, [{"index": 0, "id": "call_1", "function": {"name": "get", "arguments": ""}}])
+    add_tool_calls(calls, [{"index": 0, "function": {"arguments": '{"a": '}}])
+    add_tool_calls(calls, [{"index": 0, "function": {"arguments": "1}"}}, {"index": 1, "function": {"name": "h", "arguments": "{}"}}])
+    assert calls == [{"name": "get", "arguments": '{"a": 1}'}, {"name": "h", "arguments": "{}"}]
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": "abc", "tools": tools}) + "\n")
+    with pytest.raises(ValueError, match="in a row with 'messages'"):
+        from_jsonl(rows)

@@ -116,6 +116,18 @@ def iter_sse(resp):
         yield "\n".join(data)
 
 
+def add_tool_calls(calls: list[dict], deltas: list[dict]) -> None:
+    """Accumulate streamed tool-call deltas into whole calls ({"name", "arguments"}), as OpenAI's
+    client does: by index, the name and the argument string's pieces concatenated."""
+    for d in deltas:
+        i = d.get("index", len(calls))
+        while len(calls) <= i:
+            calls.append({"name": "", "arguments": ""})
+        fn = d.get("function") or {}
+        calls[i]["name"] += fn.get("name") or ""
+        calls[i]["arguments"] += fn.get("arguments") or ""
+
+
 def _token_logprobs(lp: dict | None) -> list[tuple[str, list[float]]]:
     """(token text, its top logprobs, largest first) per token of an OpenAI logprobs object:
     chat's `content` list or completions' parallel lists."""
@@ -189,9 +201,12 @@ class EndpointTarget:
             b["prediction"] = {"type": "content", "content": kw["prediction"]}
         if kw.get("response_format"):  # OpenAI's (chat); completions: llama-server's json_schema too
             b["response_format"] = kw["response_format"]
+        b.update({k: kw[k] for k in ("tools", "tool_choice") if k in kw})
         chat = self.api == "chat" and prompt.messages is not None
         if self.logprobs:
             b.update({"logprobs": True, "top_logprobs": 2} if chat else {"logprobs": 2})
+        if "tools" in kw and not chat:
+            raise ValueError(f"prompt {prompt.id} has tools: measure it with --endpoint-api chat")
         if chat:
             msgs = list(prompt.messages)
             if prompt.assistant_prefix:  # vLLM's way to open the assistant turn
@@ -206,7 +221,7 @@ class EndpointTarget:
     def run_one(self, prompt: Prompt, ids: list[int], kw: dict) -> dict:
         path, body = self.body(prompt, ids, kw)
         conn = self._conn()
-        t_chunks, parts, usage, finish, timings = [], [], None, None, None
+        t_chunks, parts, usage, finish, timings, calls = [], [], None, None, None, []
         tokens, margins = [], []
         t0 = time.perf_counter()
         try:
@@ -226,6 +241,9 @@ class EndpointTarget:
                 for c in obj.get("choices") or []:
                     text = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
                     finish = c.get("finish_reason") or finish
+                    if (c.get("delta") or {}).get("tool_calls"):
+                        t_chunks.append(now)
+                        add_tool_calls(calls, c["delta"]["tool_calls"])
                     for tok, top in _token_logprobs(c.get("logprobs")):
                         tokens.append(tok)
                         margins.append(top[0] - top[1] if len(top) >= 2 else None)
@@ -242,6 +260,7 @@ class EndpointTarget:
                 "tokens_from": "usage" if counted else "chunks",
                 "prompt_tokens": (usage or {}).get("prompt_tokens") or len(ids), "token_ids": None, "stats": None,
                 **({"tokens": tokens, "margins": margins} if self.logprobs and tokens else {}),
+                **({"tool_calls": calls} if calls else {}),
                 **({"server_draft": {"draft_n": timings.get("draft_n", 0),
                                      "draft_n_accepted": timings.get("draft_n_accepted", 0)}} if timings else {})}
 

@@ -164,6 +164,9 @@ class EngineTarget:
     def _constrained(self, kw: dict) -> dict:
         """A request's kwargs with its response_format compiled into the grammar it decodes under
         (compiled once per schema, for the engine's tokenizer and logits width)."""
+        if "tools" in kw:
+            raise ValueError("a workload row's tools are answered by a server: measure one with "
+                             "--endpoint URL --endpoint-api chat (draftwise serve reads the calls back)")
         fmt = kw.get("response_format")
         if fmt is None:
             return kw

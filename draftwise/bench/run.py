@@ -57,6 +57,10 @@ def request_kwargs(cfg: BenchConfig, repeat: int, prompt_index: int, prompt: Pro
           "top_k": cfg.top_k, "seed": seed}
     if prompt is not None and prompt.response_format:
         kw["response_format"] = prompt.response_format
+    if prompt is not None and prompt.tools:
+        kw["tools"] = list(prompt.tools)
+        if prompt.tool_choice is not None:
+            kw["tool_choice"] = prompt.tool_choice
     if prediction and prompt is not None and prompt.prediction:
         kw["prediction"] = prompt.prediction
     return kw
