@@ -171,12 +171,12 @@ def sample(prompts: list[Prompt], n_per_category: int, seed: int = 0) -> list[Pr
 
 
 def load_workload(name: str, n: int | None = None) -> list[Prompt]:
-    """editeval | humaneval | prose | a Spec-Bench category | a comma list of those | a .jsonl path."""
-    if name.endswith(".jsonl") or name.endswith(".jsonl.gz"):
-        return from_jsonl(name)[:n] if n else from_jsonl(name)
+    """editeval | humaneval | prose | a Spec-Bench category | a .jsonl path | a comma list of those."""
     out: list[Prompt] = []
     for part in name.split(","):
-        if part == "editeval":
+        if part.endswith(".jsonl") or part.endswith(".jsonl.gz"):
+            out += from_jsonl(part)[:n] if n else from_jsonl(part)
+        elif part == "editeval":
             out += edit_eval(n)
         elif part == "humaneval":
             out += humaneval(n)

@@ -1,0 +1,8 @@
+# docs/agents.md, "Against llama-server": llama-server (grammar from response_format / tools, no speculation;
+# --jinja for its tool-call parsing) beside draftwise serve without (draftwise-plain) and with n-gram D auto
+# (draftwise-auto), chat requests, JSON-extraction and tool-call rows in one interleaved run (~15 min)
+bash scripts/setup_peers.sh   # llama-server, once
+flock /work/runs/cpu.lock .venv/bin/python benchmarks/server_bench.py --engine llama-server --model qwen2.5-coder-1.5b \
+    --configs plain draftwise-plain draftwise-auto --api chat --concurrency 1 --max-tokens 160 --n 8 \
+    --workload benchmarks/workloads/json_extraction_2026_12_07.jsonl,benchmarks/workloads/tool_calls_2026_12_07.jsonl \
+    --serve-args "--cache-ram 0 --jinja" --out docs/data/agents_peers
