@@ -615,3 +615,35 @@ def test_cli_bench_report_only_against_another_configuration(tmp_path, capsys):
     assert (out / "summary.json").read_text() == own and (out / "summary_vs_ngram_2.html").is_file()
     assert cli.main(["bench", "--report-only", "--out", str(out), "--baseline", "model:9"]) == 2
     assert "baseline 'model:9' is not a configuration" in capsys.readouterr().err
+
+
+def test_a_configuration_may_name_its_backend_and_each_backend_loads_the_target_once(monkeypatch, tmp_path):
+    import draftwise.build
+    from draftwise.bench.config import RunConfig
+    from draftwise.bench.engines import build_engines
+
+    assert RunConfig.parse("ngram:2,auto+prediction@onnx") == [
+        RunConfig("ngram:2+prediction@onnx", "ngram", 2, True, "onnx"),
+        RunConfig("ngram:auto+prediction@onnx", "ngram", "auto", True, "onnx")]
+    with pytest.raises(ValueError, match="one of torch, llama.cpp, onnx"):
+        RunConfig.parse("plain@tpu")
+    loads = []
+
+    def fake_load(spec, backend, threads, max_context, **kw):
+        loads.append((spec, backend))
+        runner = CycleRunner()
+        runner.backend = backend
+        return runner, CharTokenizer()
+
+    monkeypatch.setattr(draftwise.build, "load_runner", fake_load)
+    cfg = config(tmp_path, target="t", backend="torch", configs=("plain", "ngram:4", "plain@onnx", "ngram:4@onnx"),
+                 max_tokens=8, warmup=0)
+    eng = build_engines(cfg)
+    assert loads == [("t", "torch"), ("t", "onnx")]  # once per backend, in the order named
+    assert eng["plain"].target is eng["ngram:4"].target is not eng["plain@onnx"].target
+    assert eng["ngram:4@onnx"].target is eng["plain@onnx"].target and eng["plain@onnx"].target.backend == "onnx"
+    recs = requests(run_bench(cfg, engines=eng, tokenizer=CharTokenizer(), progress=False))
+    assert {r["config"] for r in recs} == set(eng) and len(recs) == 4 * len(load_prompts(cfg))
+    eng["ngram:4"] = Engine(CycleRunner(), CharTokenizer(), NgramDrafter(), 4)  # a second torch target
+    with pytest.raises(ValueError, match="one target runner per backend"):
+        run_bench(cfg, engines=eng, tokenizer=CharTokenizer(), progress=False)

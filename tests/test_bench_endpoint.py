@@ -383,8 +383,9 @@ def test_a_rows_tools_go_to_chat_servers_and_streamed_calls_are_put_back_togethe
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     chat = Prompt("p1", "c", messages=({"role": "user", "content": "abc"},), tools=tuple(tools), tool_choice="required")
     kw = {**KW, "tools": tools, "tool_choice": "required"}
-    EndpointTarget(server.url, api="chat").run_one(chat, [0, 1, 2], kw)
+    EndpointTarget(server.url, api="chat", logprobs=True).run_one(chat, [0, 1, 2], kw)
     assert server.bodies[-1][1]["tools"] == tools and server.bodies[-1][1]["tool_choice"] == "required"
+    assert "logprobs" not in server.bodies[-1][1]  # llama-server refuses logprobs with streamed tools
     with pytest.raises(ValueError, match="--endpoint-api chat"):
         EndpointTarget(server.url).body(chat, [0, 1, 2], kw)
     calls = []

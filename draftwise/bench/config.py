@@ -1,7 +1,8 @@
 """What a benchmark run measures: the fixed conditions, the configurations and the workload.
 
-Every configuration of a run shares the target, tokenizer, precision, sampling settings and
-output limit; only the drafter and draft length D (or, for servers, the endpoint) change.
+Every configuration of a run shares the target model, tokenizer, sampling settings and output
+limit; the drafter and draft length D change, and a configuration may name its backend
+(`plain@onnx`: the target loaded once per backend named); for servers, the endpoint.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ _JUDGING = ("goal",)  # how results are judged, not how they are measured: free 
 
 
 PREDICTION = "+prediction"  # a configuration (or a server's label) ending so sends the prompts' predictions
+BACKENDS = ("torch", "llama.cpp", "onnx")  # a configuration's own backend: 'ngram:auto@onnx'
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,11 +32,22 @@ class RunConfig:
     drafter: str  # "none" | "ngram" | "model" | "suffix" | "suffix-tree" | "head" | "auto" | "endpoint"
     num_draft_tokens: int | str = 0  # D, or "auto" (the planner's choice); 0 for plain decoding and servers
     prediction: bool = False  # send each prompt's prediction (a workload row's `prediction`)
+    backend: str | None = None  # its target's backend (None: the run's --backend)
 
     @staticmethod
     def parse(text: str) -> list[RunConfig]:
         """'plain' | 'ngram:4' | 'model:2,4,8' (a sweep over D: one configuration per D) | 'ngram:auto';
-        a trailing '+prediction' sends each prompt's prediction ('ngram:auto+prediction')."""
+        a trailing '+prediction' sends each prompt's prediction ('ngram:auto+prediction'), a
+        trailing '@BACKEND' runs it on that backend ('plain@onnx', 'ngram:auto+prediction@onnx')."""
+        text, at, backend = text.partition("@")
+        if at and backend not in BACKENDS:
+            raise ValueError(f"configuration {text}@{backend}: the backend after @ must be one of {', '.join(BACKENDS)}")
+        suffix = f"@{backend}" if at else ""
+        return [RunConfig(c.name + suffix, c.drafter, c.num_draft_tokens, c.prediction, backend or None)
+                for c in RunConfig._parse(text)]
+
+    @staticmethod
+    def _parse(text: str) -> list[RunConfig]:
         if text == "plain":
             return [RunConfig("plain", "none")]
         text, plus, _ = text.partition(PREDICTION)
@@ -122,10 +135,13 @@ class BenchConfig(ModelFields):
         if self.baseline not in names:
             raise ValueError(f"baseline {self.baseline!r} is not among the configurations {names}")
 
-    def engine_spec(self, drafter: str = "none", num_draft_tokens: int | str = 0) -> EngineSpec:
-        """The spec an in-process configuration loads with; it holds every concurrency level's requests."""
+    def engine_spec(self, drafter: str = "none", num_draft_tokens: int | str = 0,
+                    backend: str | None = None) -> EngineSpec:
+        """The spec an in-process configuration loads with (on `backend`: a configuration's own);
+        it holds every concurrency level's requests."""
         drafting = any(c.drafter != "none" for c in self.run_configs())  # one target serves every configuration
-        return EngineSpec(**{**self.model_fields(), "kernels": resolve_kernels(self.kernels, drafting)},
+        fields = self.model_fields() | ({"backend": backend, "draft_backend": None} if backend else {})
+        return EngineSpec(**{**fields, "kernels": resolve_kernels(self.kernels, drafting)},
                           drafter=drafter, num_draft_tokens=num_draft_tokens, max_running=max(self.concurrency),
                           prompt_cache_mb=self.prompt_cache_mb,
                           trees=any(c.drafter == "suffix-tree" for c in self.run_configs()))

@@ -203,7 +203,7 @@ class EndpointTarget:
             b["response_format"] = kw["response_format"]
         b.update({k: kw[k] for k in ("tools", "tool_choice") if k in kw})
         chat = self.api == "chat" and prompt.messages is not None
-        if self.logprobs:
+        if self.logprobs and "tools" not in kw:  # llama-server refuses logprobs with streamed tools
             b.update({"logprobs": True, "top_logprobs": 2} if chat else {"logprobs": 2})
         if "tools" in kw and not chat:
             raise ValueError(f"prompt {prompt.id} has tools: measure it with --endpoint-api chat")

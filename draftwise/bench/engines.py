@@ -25,30 +25,35 @@ def build_targets(cfg: BenchConfig, engines: dict[str, Engine] | None = None, to
     missing = [n for n in names if n not in engines]
     if missing:
         raise ValueError(f"no engine for configurations {missing}")
-    tokenizers = {id(engines[n].tokenizer) for n in names}
-    targets = {id(engines[n].target) for n in names}
-    if len(tokenizers) != 1 or len(targets) != 1:
-        raise ValueError("every configuration of a run must share one target runner and tokenizer")
+    by_backend: dict[str, set[int]] = {}
+    for n in names:
+        by_backend.setdefault(engines[n].target.backend, set()).add(id(engines[n].target))
+    tokenizers = {engines[n].tokenizer.fingerprint() for n in names}  # one tokenizer, however often loaded
+    if len(tokenizers) != 1 or any(len(ids) != 1 for ids in by_backend.values()):
+        raise ValueError("every configuration of a run must share one target runner per backend and one tokenizer")
     return {n: EngineTarget(engines[n]) for n in names}, engines[names[0]].tokenizer
 
 
 def build_engines(cfg: BenchConfig) -> dict[str, Engine]:
-    """Load the target once, and the draft model once if any configuration drafts with it, through
-    the one loading path (draftwise.build), so backends, kernels and the vocabulary check are the CLI's."""
+    """Load the target once per backend the configurations name (the run's by default), and the
+    draft model once per backend if any configuration drafts with it, through the one loading path
+    (draftwise.build), so backends, kernels and the vocabulary check are the CLI's."""
     from draftwise.build import load_drafter, load_shared, load_target, with_prediction
     from draftwise.policy_build import make_policy
 
-    spec = cfg.engine_spec()
-    runner, tok = load_target(spec)
-    run_cfgs = cfg.run_configs()
-    shared = load_shared(spec, tok, runner, {c.drafter for c in run_cfgs})  # the draft model / head, loaded once
     out = {}
-    for c in run_cfgs:  # one drafter per engine (its own request state) over the one draft runner
-        drafter = with_prediction(load_drafter(spec, tok, c.drafter, shared.get(c.drafter), target=runner,
-                                               shared=shared))
-        policy = make_policy(c.num_draft_tokens, runner, drafter, batch_sizes=_batch_sizes(cfg))
-        out[c.name] = Engine(runner, tok, drafter, c.num_draft_tokens, policy=policy,
-                             max_running=spec.max_running, prompt_cache_bytes=spec.prompt_cache_bytes)
+    run_cfgs = cfg.run_configs()
+    for backend in dict.fromkeys(c.backend for c in run_cfgs):
+        cfgs = [c for c in run_cfgs if c.backend == backend]
+        spec = cfg.engine_spec(backend=backend)
+        runner, tok = load_target(spec)
+        shared = load_shared(spec, tok, runner, {c.drafter for c in cfgs})  # the draft model / head, loaded once
+        for c in cfgs:  # one drafter per engine (its own request state) over the one draft runner
+            drafter = with_prediction(load_drafter(spec, tok, c.drafter, shared.get(c.drafter), target=runner,
+                                                   shared=shared))
+            policy = make_policy(c.num_draft_tokens, runner, drafter, batch_sizes=_batch_sizes(cfg))
+            out[c.name] = Engine(runner, tok, drafter, c.num_draft_tokens, policy=policy,
+                                 max_running=spec.max_running, prompt_cache_bytes=spec.prompt_cache_bytes)
     return out
 
 
