@@ -1,4 +1,4 @@
-"""Structured outputs (docs/agents.md), two subcommands.
+"""Structured outputs (docs/agents.md), three subcommands.
 
 `json`: constrained plain vs constrained speculative decoding on the JSON-extraction workload, side
 by side in one run on one loaded target (greedy): time per token end to end and after the first
@@ -15,6 +15,10 @@ roll 8 back). Then coverage: which schema features compile and are enforced (a v
 passes, an invalid one is refused). An engine not installed is skipped with a line saying so.
 
     .venv/bin/python benchmarks/agents.py engines [--repeats 3] > docs/data/agents_json/grammar_engines.txt
+
+`peers RUN`: a `benchmarks/server_bench.py --api chat` run over the JSON and tool-call rows
+(docs/data/agents_peers/command.sh): per server, the answers valid against their schemas, tool calls
+read back, and seconds per answer (servers lay JSON out differently, so tokens are not comparable).
 """
 from __future__ import annotations
 
@@ -279,6 +283,51 @@ def compare(hf, vocab: int, repeats: int, kinds=(LLG, XGR), cases=TIMED, feature
         print(f"| {name} | " + " | ".join(enforced(e, hf, schema, good, bad) for e in engines) + " |")
 
 
+def peers(run: Path) -> str:
+    """A `server_bench.py --api chat` run over the JSON and tool-call rows: per server and kind, the
+    answers, their validity (JSON: against the row's schema; tools: calls read back into
+    tool_calls, each call's arguments against its function's parameters), tokens, and seconds per
+    answer end to end, after the first token and to it. Validity is llguidance's, on a grammar of
+    the same schema with JSON's whitespace free (servers lay JSON out as they like)."""
+    import llguidance
+
+    from draftwise.grammar import Grammar, Grammars
+    from draftwise.models.load import load_tokenizer as lt
+    from draftwise.models.registry import resolve
+    from draftwise.prompts import load_workload
+    tok = lt(resolve("qwen2.5-coder-1.5b"))
+    grammars, recs = Grammars(tok, 151936), [json.loads(x) for x in (run / "requests.jsonl").read_text().splitlines()]
+    rows = {p.id: p for p in load_workload(next(r for r in recs if r["kind"] == "session")["plan"]["workload"])}
+
+    def valid(schema: dict, text: str) -> bool:
+        c = Grammar(grammars, llguidance.LLMatcher.grammar_from_json_schema(schema), "json_schema").start()
+        try:
+            c.advance(tok.encode(text.strip()))
+        except RuntimeError:
+            return False
+        return c.m.is_accepting()
+
+    def ok(r: dict) -> bool:
+        p = rows[r["prompt_id"]]
+        if not p.tools:
+            return valid(p.response_format["json_schema"]["schema"], r["text"])
+        params = {t["function"]["name"]: t["function"]["parameters"] for t in p.tools}
+        calls = r.get("tool_calls") or []
+        return bool(calls) and all(c["name"] in params and valid(params[c["name"]], c["arguments"]) for c in calls)
+
+    lines = ["| server | kind | answers | valid | tokens | s per answer e2e | after the first token | TTFT |",
+             "|---|---|---|---|---|---|---|---|"]
+    reqs = [r for r in recs if r["kind"] == "request"]
+    for kind in ("json", "tools"):
+        for name in dict.fromkeys(r["config"] for r in reqs):
+            rs = [r for r in reqs if r["config"] == name and bool(rows[r["prompt_id"]].tools) == (kind == "tools")]
+            if rs:
+                e2e, ttft = sum(r["e2e_s"] for r in rs) / len(rs), sum(r["ttft_s"] for r in rs) / len(rs)
+                lines.append(f"| {name} | {kind} | {len(rs)} | {sum(map(ok, rs))} | {sum(r['emitted_tokens'] for r in rs)}"
+                             f" | {e2e:.2f} | {e2e - ttft:.2f} | {ttft:.2f} |")
+    return "\n".join(lines)
+
+
 def load_tokenizer():
     from draftwise.models.load import load_tokenizer as lt
     from draftwise.models.registry import resolve
@@ -297,7 +346,12 @@ def main(argv=None) -> int:
     j.add_argument("--table", metavar="ROWS", help="print the table of a saved rows.jsonl and stop")
     e = sub.add_parser("engines", help="llguidance vs xgrammar: mask time and schema coverage")
     e.add_argument("--repeats", type=int, default=3)
+    pr = sub.add_parser("peers", help="validity and seconds per answer of a server_bench.py --api chat run")
+    pr.add_argument("run", type=Path)
     a = ap.parse_args(argv)
+    if a.cmd == "peers":
+        print(peers(a.run))
+        return 0
     if a.cmd == "engines":  # 151936: the model's logits width (the tokenizer holds 151,665)
         return compare(load_tokenizer(), 151936, a.repeats) or 0
     return json_main(a)

@@ -644,6 +644,8 @@ def test_a_configuration_may_name_its_backend_and_each_backend_loads_the_target_
     assert eng["ngram:4@onnx"].target is eng["plain@onnx"].target and eng["plain@onnx"].target.backend == "onnx"
     recs = requests(run_bench(cfg, engines=eng, tokenizer=CharTokenizer(), progress=False))
     assert {r["config"] for r in recs} == set(eng) and len(recs) == 4 * len(load_prompts(cfg))
-    eng["ngram:4"] = Engine(CycleRunner(), CharTokenizer(), NgramDrafter(), 4)  # a second torch target
+    second = CycleRunner()
+    second.backend = "torch"
+    eng["ngram:4"] = Engine(second, CharTokenizer(), NgramDrafter(), 4)  # a second torch target
     with pytest.raises(ValueError, match="one target runner per backend"):
         run_bench(cfg, engines=eng, tokenizer=CharTokenizer(), progress=False)

@@ -62,8 +62,32 @@ def test_grammar_names_only_the_chosen_tool_and_text_only_under_auto():
     named = tool_grammar(tools, tools[1], 7, 8, parallel=False)
     assert '"get_time"' in named and "get_weather" not in named and "TEXT" not in named and ")*" not in named
     auto = tool_grammar(tools, "auto", 7, 8)
-    assert "<[7]>" in auto and "<[8]>" in auto and "start: calls | bare | TEXT" in auto and ")*" in auto
-    assert "TEXT: /[^<{]" in auto  # text opens with neither a tag nor a bare call's brace
+    assert "<[7]>" in auto and "<[8]>" in auto and "start: calls | bare | fenced | TEXT" in auto and ")*" in auto
+    assert "TEXT: /[^<{`]" in auto  # text opens with neither a tag, a bare call's brace nor a fenced call
+
+
+def test_under_auto_a_call_may_be_tagged_bare_or_fenced_and_text_opens_as_none_of_them():
+    pytest.importorskip("llguidance")
+    from draftwise.grammar import Grammars
+    from draftwise.models.load import load_tokenizer
+    from draftwise.models.registry import resolve
+
+    tok = load_tokenizer(resolve("qwen2.5-coder-0.5b"))
+    tools = parse_tools([WEATHER, TIME])
+    g = Grammars(tok, 151936).lark(tool_grammar(tools, "auto", *tok.tool_call_tokens()))
+
+    def takes(text: str) -> bool:
+        c = g.start()
+        try:
+            c.advance(tok.encode(text))
+        except RuntimeError:
+            return False
+        return c.m.is_accepting()
+    call = '{"name": "get_time", "arguments": {"zone": "UTC"}}'
+    assert takes(call) and takes(f"```json\n{call}\n```") and takes(f"```json\n{call}\n```\n")
+    assert takes("It is sunny.") and takes("```python\nprint(1)\n```") and takes("```json\n[1, 2]\n```")
+    assert not takes('```json\n{"a": 1}\n```') and not takes('{"a": 1}')  # a call's opening must be a call
+    assert not takes('```json\n{"name": "get_time", "arguments": {"zone": 3}}\n```')  # held to its schema
 
 
 # --- reading calls back -------------------------------------------------------------------------
@@ -83,6 +107,9 @@ def test_read_calls_splits_content_and_calls():
     assert content is None and [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == \
         [("get_time", '{"zone": "UTC"}')]
     assert read_calls('{"name": "x", "colour": "red"}')[1] == []  # other keys: content
+    content, calls = read_calls('```json\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n```\n')  # fenced
+    assert content is None and [c["function"]["name"] for c in calls] == ["get_time"]
+    assert read_calls("```python\nx = 1\n```") == ("```python\nx = 1\n```", [])
 
 
 def test_a_streamed_bare_call_is_held_to_the_end():
@@ -93,6 +120,11 @@ def test_a_streamed_bare_call_is_held_to_the_end():
     s = CallStream()
     s.feed('{"a": 1}')
     assert s.flush() == ('{"a": 1}', [])  # JSON that is no call: content
+    s = CallStream()  # a fenced call: held from its first backtick
+    assert s.feed("``") == ("", []) and s.feed('`json\n{"name": "get_time", "arguments": {}}\n```') == ("", [])
+    assert [d["function"]["name"] for d in s.flush()[1]] == ["get_time"]
+    s = CallStream()  # a fenced block of code: sent once it opens otherwise
+    assert s.feed("``") == ("", []) and s.feed("`python\nx = 1") == ("```python\nx = 1", [])
 
 
 @pytest.mark.parametrize("step", [1, 3, 7, 1000])

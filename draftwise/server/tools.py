@@ -27,6 +27,8 @@ from draftwise.grammar import format_schema as grammar_format_schema
 
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
 OPEN, CLOSE = "<tool_call>", "</tool_call>"  # as draftwise.tokenizer.Tokenizer.tool_call_tokens finds them
+FENCE_OPEN = "```json\n"  # a call's JSON in a fenced block, as small models write one under "auto"
+FENCED = re.compile(r"```json\n(.*)\n```", re.S)
 
 
 class BadRequest(ValueError):
@@ -111,9 +113,19 @@ def tool_grammar(tools: list[Tool], choice: str | Tool, open_id: int, close_id: 
         return "start: calls\n" + calls
     if schema is not None:
         return f"start: calls | answer\nanswer: %json {_laid_out(schema)}\n" + calls
-    # small models often write a call's JSON without its tags: that too, held to the tools' schemas
+    # small models often write a call's JSON without its tags, bare or in a ```json block: those
+    # too, held to the tools' schemas; text may open with neither (nor with a tag)
     bare = f"bare: %json {_laid_out(one)}\n"
-    return "start: calls | bare | TEXT\n" + calls + bare + "TEXT: /[^<{][\\s\\S]*/\n"
+    fenced = f'fenced: "```json\\n" %json {_laid_out(one)} "\\n```" "\\n"?\n'  # FENCE_OPEN, then its close
+    return "start: calls | bare | fenced | TEXT\n" + calls + bare + fenced + f"TEXT: /{_not_opening(FENCE_OPEN + '{')}/\n"
+
+
+def _not_opening(prefix: str) -> str:
+    """A regex of the texts that open with neither "<", "{" nor `prefix` (its first character "`")."""
+    esc = lambda c: "\\n" if c == "\n" else c  # noqa: E731
+    alts = ["[^<{`][\\s\\S]*"] + [f"{''.join(map(esc, prefix[:i]))}([^{esc(prefix[i])}][\\s\\S]*)?"
+                                   for i in range(1, len(prefix))]
+    return "|".join(alts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +168,10 @@ def _call(obj: dict) -> dict:
 
 
 def _bare(text: str) -> dict | None:
-    """An answer that is one call's JSON without its tags ({"name": ..., "arguments": {...}})."""
+    """An answer that is one call's JSON without its tags ({"name": ..., "arguments": {...}}),
+    alone or in a ```json block."""
+    if (m := FENCED.fullmatch(text)) is not None:
+        text = m.group(1)
     try:
         obj = json.loads(text)
     except json.JSONDecodeError:
@@ -202,15 +217,18 @@ class CallStream:
         """(content to send now, tool-call deltas to send now)."""
         self.text += piece
         out, deltas = "", []
-        if self.text.lstrip().startswith("{") and not self.calls:  # a bare call, or JSON content: at the end
-            return out, deltas
+        head = self.text.lstrip()
+        if not self.calls and (head.startswith("{") or (FENCE_OPEN + "{").startswith(head[:len(FENCE_OPEN) + 1])):
+            return out, deltas  # a bare or fenced call, or content that opens alike: at the end
         while True:
             rest = self.text[self.sent:]
             if not self.in_calls:
                 at = rest.find(OPEN)
-                if at < 0:  # hold back what could be the start of an opening tag
+                if at < 0:  # hold back what could be the start of an opening tag (after calls: blanks)
                     keep = next((k for k in range(min(len(OPEN) - 1, len(rest)), 0, -1)
                                  if OPEN.startswith(rest[-k:])), 0)
+                    if self.calls and not rest[: len(rest) - keep].strip():
+                        return out, deltas
                     out += rest[: len(rest) - keep]
                     self.sent += len(rest) - keep
                     return out, deltas
@@ -236,4 +254,4 @@ class CallStream:
         if self.calls == 0 and (obj := _bare(rest.strip())) is not None:
             self.calls = 1
             return "", [{"index": 0, **_call(obj)}]
-        return rest, []
+        return ("" if self.calls and not rest.strip() else rest), []
