@@ -48,10 +48,10 @@ def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
     assert set(ModelFields.__dataclass_fields__) <= {a.dest for a in p._actions}
 
 
-def _prompt_cache_arg(p: argparse.ArgumentParser, default: int) -> None:
+def _prompt_cache_arg(p: argparse.ArgumentParser, default: int | None, default_text: str | None = None) -> None:
     p.add_argument("--prompt-cache-mb", type=_count, default=default,
                    help="MiB of finished prompts' KV kept (least recently used evicted) so that a later prompt "
-                        f"sharing a prefix with one prefills only the rest; 0: off (default {default})")
+                        f"sharing a prefix with one prefills only the rest; 0: off (default {default_text or default})")
 
 
 def _members(text: str) -> tuple[str, ...]:

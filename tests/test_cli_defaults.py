@@ -95,3 +95,12 @@ def test_drafter_auto_over_ngram_the_draft_model_and_the_head_keeps_plain_output
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("speedup")]
     assert lines and all("outputs identical: True" in line for line in lines)
+
+
+def test_serve_keeps_a_prompt_cache_by_default_where_the_backend_can_and_as_asked():
+    from draftwise.cli_harness import SERVE_PROMPT_CACHE_MB, serve_prompt_cache_mb
+
+    a = cli.build_parser().parse_args(["serve"])
+    assert a.prompt_cache_mb is None  # resolved once the backend is known
+    assert serve_prompt_cache_mb(None, None) == serve_prompt_cache_mb(None, "llama.cpp") == SERVE_PROMPT_CACHE_MB
+    assert serve_prompt_cache_mb(None, "onnx") == 0 and serve_prompt_cache_mb(64, "onnx") == 64  # asked: refused later
