@@ -1,4 +1,4 @@
-# docs/agents.md, "Measured (structured outputs)": rows.jsonl and table.md (the script's table; `--table rows.jsonl` remakes it)
+# docs/agents.md, "Measured (structured outputs)": rows.jsonl (`--table docs/data/agents_json/rows.jsonl` prints its table)
 flock /work/runs/cpu.lock .venv/bin/python benchmarks/agents.py json --out docs/data/agents_json --drafters ngram suffix --max-tokens 160
 # grammar_engines.txt (xgrammar is not a dependency; without it its column is skipped):
 # pip install xgrammar==0.2.9 && .venv/bin/python benchmarks/agents.py engines --repeats 3 > docs/data/agents_json/grammar_engines.txt

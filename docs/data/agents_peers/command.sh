@@ -6,5 +6,5 @@ flock /work/runs/cpu.lock .venv/bin/python benchmarks/server_bench.py --engine l
     --configs plain draftwise-plain draftwise-auto --api chat --concurrency 1 --max-tokens 160 --n 8 \
     --workload benchmarks/workloads/json_extraction_2026_12_07.jsonl,benchmarks/workloads/tool_calls_2026_12_07.jsonl \
     --serve-args "--cache-ram 0 --jinja" --out docs/data/agents_peers
-# docs/data's size limit: requests.jsonl is the run's rows without per-chunk times and logprobs
-# (summary.csv was made from the whole rows); table.md: benchmarks/agents.py peers docs/data/agents_peers
+# docs/data's size limit: requests.jsonl is the run's rows without per-chunk times and logprobs;
+# table.md: benchmarks/agents.py peers docs/data/agents_peers
