@@ -289,18 +289,14 @@ def peers(run: Path) -> str:
     tool_calls, each call's arguments against its function's parameters), tokens, and seconds per
     answer end to end, after the first token and to it. Validity is llguidance's, on a grammar of
     the same schema with JSON's whitespace free (servers lay JSON out as they like)."""
-    import llguidance
-
-    from draftwise.grammar import Grammar, Grammars
-    from draftwise.models.load import load_tokenizer as lt
-    from draftwise.models.registry import resolve
+    from draftwise.grammar import Grammars
     from draftwise.prompts import load_workload
-    tok = lt(resolve("qwen2.5-coder-1.5b"))
+    tok = load_tokenizer()
     grammars, recs = Grammars(tok, 151936), [json.loads(x) for x in (run / "requests.jsonl").read_text().splitlines()]
     rows = {p.id: p for p in load_workload(next(r for r in recs if r["kind"] == "session")["plan"]["workload"])}
 
     def valid(schema: dict, text: str) -> bool:
-        c = Grammar(grammars, llguidance.LLMatcher.grammar_from_json_schema(schema), "json_schema").start()
+        c = grammars.json_schema(schema, free_layout=True).start()
         try:
             c.advance(tok.encode(text.strip()))
         except RuntimeError:
@@ -329,9 +325,10 @@ def peers(run: Path) -> str:
 
 
 def load_tokenizer():
+    """The packaged Qwen2.5-Coder tokenizer (draftwise.tokenizer.Tokenizer; `.hf`: transformers')."""
     from draftwise.models.load import load_tokenizer as lt
     from draftwise.models.registry import resolve
-    return lt(resolve("qwen2.5-coder-1.5b")).hf
+    return lt(resolve("qwen2.5-coder-1.5b"))
 
 
 def main(argv=None) -> int:
@@ -353,7 +350,7 @@ def main(argv=None) -> int:
         print(peers(a.run))
         return 0
     if a.cmd == "engines":  # 151936: the model's logits width (the tokenizer holds 151,665)
-        return compare(load_tokenizer(), 151936, a.repeats) or 0
+        return compare(load_tokenizer().hf, 151936, a.repeats) or 0
     return json_main(a)
 
 

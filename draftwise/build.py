@@ -95,6 +95,9 @@ class ModelFields:
         return {f: getattr(self, f) for f in ModelFields.__dataclass_fields__}
 
 
+DEFAULT_PROMPT_CACHE_MB = 1024  # serve's prompt cache, where the backend can keep KV
+
+
 @dataclass(slots=True, kw_only=True)
 class EngineSpec(ModelFields):
     """The models, the drafter and D: every command builds from one of these."""
@@ -102,7 +105,9 @@ class EngineSpec(ModelFields):
     num_draft_tokens: int | str = "auto"  # a fixed D, or "auto": the planner picks D per round
     max_running: int = 4  # sequences held at once (llama.cpp streams): requests batched together
     trees: bool = False  # llama.cpp: load the target able to verify candidate trees (one unified KV); suffix-tree implies it
-    prompt_cache_mb: int = 0  # finished prompts' KV kept for later prompts sharing a prefix (0: off)
+    # finished prompts' KV kept for later prompts sharing a prefix (0: off; None: DEFAULT_PROMPT_CACHE_MB
+    # where the target can save a sequence's KV, ModelRunner.saves, else off)
+    prompt_cache_mb: int | None = 0
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -110,7 +115,7 @@ class EngineSpec(ModelFields):
         check_draft_len(self.num_draft_tokens)
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")
-        if self.prompt_cache_mb < 0:
+        if self.prompt_cache_mb is not None and self.prompt_cache_mb < 0:
             raise ValueError(f"prompt_cache_mb must be >= 0, got {self.prompt_cache_mb}")
         self.check_models()
         if self.backend is None:
@@ -121,9 +126,10 @@ class EngineSpec(ModelFields):
             raise ValueError(f"device {self.device!r}: the {self.backend} backend runs on the CPU only (use --backend torch)")
         self.kernels = resolve_kernels(self.kernels, self.drafter != "none")
 
-    @property
-    def prompt_cache_bytes(self) -> int:
-        return self.prompt_cache_mb << 20
+    def prompt_cache_bytes(self, target) -> int:
+        """The prompt cache's size for this target runner."""
+        mb = self.prompt_cache_mb
+        return (DEFAULT_PROMPT_CACHE_MB if mb is None and target.saves else mb or 0) << 20
 
 
 def check_vocabularies(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
@@ -269,7 +275,7 @@ def build_engine(spec: EngineSpec, target=None, **engine_kw):
     drafter = with_prediction(load_drafter(spec, tok, target=runner))
     policy = make_policy(spec.num_draft_tokens, runner, drafter)
     return Engine(runner, tok, drafter, spec.num_draft_tokens, policy=policy, max_running=spec.max_running,
-                  **{"prompt_cache_bytes": spec.prompt_cache_bytes, **engine_kw}), runner, tok
+                  **{"prompt_cache_bytes": spec.prompt_cache_bytes(runner), **engine_kw}), runner, tok
 
 
 def build_scheduler(spec: EngineSpec, observer=None, max_queue: int = 64, spec_off_above: int | None = None,
@@ -281,7 +287,7 @@ def build_scheduler(spec: EngineSpec, observer=None, max_queue: int = 64, spec_o
     sizes = tuple(b for b in (1, 2, 4, 8, 16, 32) if b < spec.max_running) + (spec.max_running,)
     policy = make_policy(spec.num_draft_tokens, runner, drafter, batch_sizes=sizes, off_above=spec_off_above)
     return Scheduler(runner, tok, drafter, policy, spec.max_running, max_queue, observer=observer,
-                     **{"prompt_cache_bytes": spec.prompt_cache_bytes, **scheduler_kw}), tok
+                     **{"prompt_cache_bytes": spec.prompt_cache_bytes(runner), **scheduler_kw}), tok
 
 
 def _backend_kw(backend: str, spec: EngineSpec, draft: bool = False, kernels: str | None = None) -> dict:

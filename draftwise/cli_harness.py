@@ -164,7 +164,6 @@ def cmd_serve(a) -> int:
     except (OSError, ValueError) as e:
         print(f"draftwise serve: API keys: {e}", file=sys.stderr)
         return 2
-    a.prompt_cache_mb = serve_prompt_cache_mb(a.prompt_cache_mb, a.backend)
     cfg = ServeConfig(spec=_spec(a), max_queue=a.max_queue, spec_off_above=a.spec_off_above,
                       model_name=a.model_name, pad_ragged=a.pad_ragged, max_body_bytes=a.max_body_bytes,
                       max_prompt_tokens=a.max_prompt_tokens, max_stop=a.max_stop, max_stop_chars=a.max_stop_chars,
@@ -184,17 +183,12 @@ def cmd_serve(a) -> int:
     return status
 
 
-SERVE_PROMPT_CACHE_MB = 1024  # serve's default prompt cache where the backend can keep KV
-
-
-def serve_prompt_cache_mb(asked: int | None, backend: str | None) -> int:
-    """serve's prompt cache: as asked, else SERVE_PROMPT_CACHE_MB where the backend can keep KV."""
-    return asked if asked is not None else 0 if backend == "onnx" else SERVE_PROMPT_CACHE_MB
-
-
 def _serve_args(s: argparse.ArgumentParser) -> None:
+    from draftwise.build import DEFAULT_PROMPT_CACHE_MB
+
     _model_args(s)
-    _prompt_cache_arg(s, None, f"{SERVE_PROMPT_CACHE_MB}; 0 on onnx, which cannot save a sequence's KV")
+    _prompt_cache_arg(s, None, f"{DEFAULT_PROMPT_CACHE_MB} where the backend can keep KV, "
+                               "off on onnx, which cannot save a sequence's KV")
     s.add_argument("--max-running", type=int, default=4, help="requests batched in one step")
     s.add_argument("--max-queue", type=int, default=64, help="waiting requests beyond which the answer is 429")
     s.add_argument("--spec-off-above", type=int, default=None, help="no speculation while more requests run")

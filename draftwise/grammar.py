@@ -53,9 +53,10 @@ class Grammars:
             self.tok = llg.LLTokenizer(llg.TokenizerWrapper(_Wrapped(tokenizer)), n_vocab=vocab_size, eos_token=eos)
         self.eos = eos
 
-    def json_schema(self, schema: dict | str) -> Grammar:
+    def json_schema(self, schema: dict | str, free_layout: bool = False) -> Grammar:
         """ValueError naming the problem for a schema that is not JSON, not an object, or uses a
-        feature the engine does not enforce."""
+        feature the engine does not enforce. `free_layout`: any whitespace between items, not
+        JSON_LAYOUT's (to check answers other servers laid out)."""
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)
@@ -64,7 +65,8 @@ class Grammars:
         if not isinstance(schema, dict):
             raise ValueError(f"a JSON schema is an object, got {type(schema).__name__}")
         llg = _llguidance()
-        return self._grammar(llg.LLMatcher.grammar_from_json_schema(schema, defaults=dict(JSON_LAYOUT)), "json_schema")
+        layout = None if free_layout else dict(JSON_LAYOUT)
+        return self._grammar(llg.LLMatcher.grammar_from_json_schema(schema, defaults=layout), "json_schema")
 
     def json_object(self) -> Grammar:
         """Any JSON object (OpenAI's response_format json_object)."""

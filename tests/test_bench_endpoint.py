@@ -397,3 +397,19 @@ def test_a_rows_tools_go_to_chat_servers_and_streamed_calls_are_put_back_togethe
     rows.write_text(json.dumps({"prompt": "abc", "tools": tools}) + "\n")
     with pytest.raises(ValueError, match="in a row with 'messages'"):
         from_jsonl(rows)
+
+
+def test_a_run_with_tool_rows_in_process_is_refused_before_it_measures(tmp_path):
+    from fakes import CycleRunner
+
+    from draftwise.engine import Engine
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"id": "t", "messages": [{"role": "user", "content": "abc"}], "tools": tools}) + "\n")
+    cfg = BenchConfig(target="fake", workload=str(rows), n_per_category=None, configs=("plain",),
+                      out_dir=str(tmp_path / "out"), max_tokens=4)
+    with pytest.raises(ValueError, match="--endpoint URL --endpoint-api chat"):
+        run_bench(cfg, engines={"plain": Engine(CycleRunner(), CharTokenizer())}, tokenizer=CharTokenizer(),
+                  progress=False)
+    assert not (tmp_path / "out").exists()

@@ -98,9 +98,15 @@ def test_drafter_auto_over_ngram_the_draft_model_and_the_head_keeps_plain_output
 
 
 def test_serve_keeps_a_prompt_cache_by_default_where_the_backend_can_and_as_asked():
-    from draftwise.cli_harness import SERVE_PROMPT_CACHE_MB, serve_prompt_cache_mb
+    from types import SimpleNamespace
+
+    from draftwise.build import DEFAULT_PROMPT_CACHE_MB
 
     a = cli.build_parser().parse_args(["serve"])
-    assert a.prompt_cache_mb is None  # resolved once the backend is known
-    assert serve_prompt_cache_mb(None, None) == serve_prompt_cache_mb(None, "llama.cpp") == SERVE_PROMPT_CACHE_MB
-    assert serve_prompt_cache_mb(None, "onnx") == 0 and serve_prompt_cache_mb(64, "onnx") == 64  # asked: refused later
+    assert a.prompt_cache_mb is None  # resolved once the target is loaded
+    keeps, cannot = SimpleNamespace(saves=True), SimpleNamespace(saves=False)  # llama.cpp / torch; onnx
+    serve = EngineSpec(prompt_cache_mb=None)
+    assert serve.prompt_cache_bytes(keeps) == DEFAULT_PROMPT_CACHE_MB << 20
+    assert serve.prompt_cache_bytes(cannot) == 0
+    assert EngineSpec(prompt_cache_mb=64).prompt_cache_bytes(cannot) == 64 << 20  # asked: refused later
+    assert EngineSpec().prompt_cache_bytes(keeps) == 0  # other commands: off unless asked

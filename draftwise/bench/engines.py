@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from draftwise.bench.config import BenchConfig
 from draftwise.bench.endpoint import EndpointTarget
-from draftwise.bench.measure import EngineTarget
+from draftwise.bench.measure import EngineTarget, SchemaGrammars
 from draftwise.engine import Engine
 
 
@@ -31,7 +31,9 @@ def build_targets(cfg: BenchConfig, engines: dict[str, Engine] | None = None, to
     tokenizers = {engines[n].tokenizer.fingerprint() for n in names}  # one tokenizer, however often loaded
     if len(tokenizers) != 1 or any(len(ids) != 1 for ids in by_backend.values()):
         raise ValueError("every configuration of a run must share one target runner per backend and one tokenizer")
-    return {n: EngineTarget(engines[n]) for n in names}, engines[names[0]].tokenizer
+    grammars = {id(e.target): SchemaGrammars(e.tokenizer, e.target.vocab_size) for e in engines.values()}
+    return ({n: EngineTarget(engines[n], grammars=grammars[id(engines[n].target)]) for n in names},
+            engines[names[0]].tokenizer)
 
 
 def build_engines(cfg: BenchConfig) -> dict[str, Engine]:
@@ -53,7 +55,7 @@ def build_engines(cfg: BenchConfig) -> dict[str, Engine]:
                                                    shared=shared))
             policy = make_policy(c.num_draft_tokens, runner, drafter, batch_sizes=_batch_sizes(cfg))
             out[c.name] = Engine(runner, tok, drafter, c.num_draft_tokens, policy=policy,
-                                 max_running=spec.max_running, prompt_cache_bytes=spec.prompt_cache_bytes)
+                                 max_running=spec.max_running, prompt_cache_bytes=spec.prompt_cache_bytes(runner))
     return out
 
 

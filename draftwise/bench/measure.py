@@ -104,7 +104,27 @@ class _Record:
             self.target.probe_kv()  # the last chunk comes after the KV is freed
 
 
-_GRAMMARS: dict = {}  # (tokenizer id, schema JSON) -> compiled grammar; (tokenizer id, None) -> its compiler
+class SchemaGrammars:
+    """The grammars of response_format schemas for one target runner (its tokenizer and logits
+    width), each compiled once however many configurations and requests ask for it."""
+
+    def __init__(self, tokenizer, vocab_size: int):
+        self._tokenizer, self._vocab_size = tokenizer, vocab_size
+        self._compiler = None  # draftwise.grammar.Grammars, made on the first schema
+        self._compiled: dict[str, object] = {}  # schema JSON -> Grammar
+
+    def __call__(self, response_format: dict):
+        """The Grammar a response_format asks for; None for text."""
+        from draftwise.grammar import Grammars, format_schema
+
+        schema = format_schema(response_format)
+        if schema is None:
+            return None
+        key = json.dumps(schema, sort_keys=True)
+        if key not in self._compiled:
+            self._compiler = self._compiler or Grammars(self._tokenizer, self._vocab_size)
+            self._compiled[key] = self._compiler.json_schema(schema)
+        return self._compiled[key]
 
 
 class EngineTarget:
@@ -113,8 +133,9 @@ class EngineTarget:
 
     sequential = False
 
-    def __init__(self, engine: Engine, kv_probe: bool = True):
+    def __init__(self, engine: Engine, kv_probe: bool = True, grammars: SchemaGrammars | None = None):
         self.engine = engine
+        self.grammars = grammars or SchemaGrammars(engine.tokenizer, engine.target.vocab_size)
         # KV bytes are read at each chunk (tens of microseconds); the time is stored as probe_s
         self.kv_probe = kv_probe
         self.draft_runner = engine.drafter.runner if engine.drafter is not None else None
@@ -162,23 +183,11 @@ class EngineTarget:
         return out, None
 
     def _constrained(self, kw: dict) -> dict:
-        """A request's kwargs with its response_format compiled into the grammar it decodes under
-        (compiled once per schema, for the engine's tokenizer and logits width)."""
-        if "tools" in kw:
-            raise ValueError("a workload row's tools are answered by a server: measure one with "
-                             "--endpoint URL --endpoint-api chat (draftwise serve reads the calls back)")
-        fmt = kw.get("response_format")
-        if fmt is None:
+        """A request's kwargs with its response_format as the grammar it decodes under."""
+        if kw.get("response_format") is None:
             return kw
-        from draftwise.grammar import Grammars, format_schema
-
-        schema = format_schema(fmt)
-        key = (id(self.engine.tokenizer), json.dumps(schema, sort_keys=True))
-        if key not in _GRAMMARS:
-            comp = _GRAMMARS.setdefault((id(self.engine.tokenizer), None),
-                                        Grammars(self.engine.tokenizer, self.engine.target.vocab_size))
-            _GRAMMARS[key] = comp.json_schema(schema) if schema is not None else None
-        return {k: v for k, v in kw.items() if k != "response_format"} | {"constraint": _GRAMMARS[key]}
+        grammar = self.grammars(kw["response_format"])
+        return {k: v for k, v in kw.items() if k != "response_format"} | {"constraint": grammar}
 
     def describe(self) -> dict:
         d = self.engine.drafter

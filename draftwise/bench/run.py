@@ -82,6 +82,10 @@ def run_bench(cfg: BenchConfig, engines: dict[str, Engine] | None = None, tokeni
     """Measure every configuration on the workload; returns the results file (JSON lines).
     `engines` (configuration name -> Engine sharing one target) skips loading models."""
     prompts = load_prompts(cfg) if prompts is None else prompts
+    tooled = [p.id for p in prompts if p.tools]
+    if tooled and not (cfg.endpoints and cfg.endpoint_api == "chat"):  # before anything is measured
+        raise ValueError(f"prompts {', '.join(tooled[:3])} have tools, which a server answers: measure them with "
+                         "--endpoint URL --endpoint-api chat (draftwise serve reads the calls back)")
     targets, tok = build_targets(cfg, engines, tokenizer)
     all_ids = [p.token_ids(tok) for p in prompts]
     fits = [_fits(targets, x, cfg.max_tokens) for x in all_ids]

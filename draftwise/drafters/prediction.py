@@ -47,7 +47,7 @@ class PredictionDrafter:
     features = None
 
     # min_n 2: one-token matches in new text draft mostly wrong tokens (docs/agents.md; replayed by
-    # docs/data/agents_prediction_contended/alignment_command.txt)
+    # docs/data/agents_prediction/alignment_command.txt)
     def __init__(self, min_n: int = 2, max_n: int = 8):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"match sizes need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
