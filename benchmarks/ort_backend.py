@@ -13,12 +13,23 @@ logit margins there (each fed the common prefix); then the onnx backend's own sp
 
     flock /work/runs/cpu.lock .venv/bin/python benchmarks/ort_backend.py curves --out docs/data/ort_backend
     flock /work/runs/cpu.lock .venv/bin/python benchmarks/ort_backend.py agree --out docs/data/ort_backend
+
+`humaneval`: the conversion's quality cost. The 164 HumanEval problems completed by greedy plain
+decoding on both models (the raw prompt, Codex's stop sequences, up to --max-tokens), each
+completion run against the problem's tests in a fresh interpreter (10 s limit; the model's code runs
+on this machine): pass@1 of each, the problems where exactly one passes, and identical completions.
+Rows are appended to OUT/humaneval.jsonl as they are computed; a rerun skips the problems it holds.
+
+    flock /work/runs/cpu.lock .venv/bin/python benchmarks/ort_backend.py humaneval --max-tokens 384 --out DIR
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,14 +40,14 @@ from draftwise.profile import profile_runner
 KS = (1, 2, 4, 8, 16)
 
 
-def _runners(model: str, threads: int, which: list[str]) -> dict:
+def _runners(model: str, threads: int, which: list[str], ctx: int = 512) -> dict:
     out = {}
     for name in which:
         if name.startswith("onnx"):
-            out[name] = load_runner(model, "onnx", threads, 512)
+            out[name] = load_runner(model, "onnx", threads, ctx)
             out[name][0].pad = name != "onnx-unpadded"  # unpadded: a one-token forward on its own kernel
         else:
-            out[name] = load_runner(model, "llama.cpp", threads, 512, n_seq_max=1,
+            out[name] = load_runner(model, "llama.cpp", threads, ctx, n_seq_max=1,
                                     fast_kernels=name == "llama.cpp-repacked")
     return out
 
@@ -122,20 +133,67 @@ def agreement(onnx, llama, tok, prompts, max_tokens: int) -> dict:
                                       "spec_equals_plain": sum(r["spec_equals_plain"] for r in rows)}}
 
 
+STOPS = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]  # Codex's (Chen et al. 2021): the function's body ends
+
+
+def passes(problem: dict, completion: str, timeout_s: float = 10.0) -> bool:
+    """Does prompt + completion pass the problem's own tests (a fresh interpreter, `timeout_s`)?"""
+    program = f"{problem['prompt']}{completion}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            r = subprocess.run([sys.executable, "-I", "-c", program], cwd=d, capture_output=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+    return r.returncode == 0
+
+
+def humaneval(a) -> dict:
+    import gzip
+
+    from draftwise.engine import Engine
+    from draftwise.prompts import data_file
+
+    problems = [json.loads(x) for x in gzip.open(data_file("humaneval/HumanEval.jsonl.gz"), "rt")][: a.n or None]
+    path = Path(a.out or ".") / "humaneval.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = {json.loads(x)["task_id"]: json.loads(x) for x in path.read_text().splitlines()} if path.exists() else {}
+    runners = _runners(a.model, a.threads, ["onnx", "llama.cpp-standard"], ctx=2048)
+    engines = {"onnx": Engine(*runners["onnx"]), "llama.cpp": Engine(*runners["llama.cpp-standard"])}
+    for pr in problems:
+        if pr["task_id"] in done:
+            continue
+        row = {"task_id": pr["task_id"]}
+        for name, eng in engines.items():
+            res = eng.generate(pr["prompt"], max_tokens=a.max_tokens, stop=STOPS)
+            row[name] = {"passed": passes(pr, res.text), "tokens": len(res.token_ids), "completion": res.text}
+        row["identical"] = row["onnx"]["completion"].rstrip() == row["llama.cpp"]["completion"].rstrip()
+        done[pr["task_id"]] = row
+        with path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(pr["task_id"], row["llama.cpp"]["passed"], row["onnx"]["passed"], row["identical"], flush=True)
+    rows = [done[p["task_id"]] for p in problems if p["task_id"] in done]
+    n = len(rows)
+    summary = {"problems": n, "identical_completions": sum(r["identical"] for r in rows),
+               **{f"pass@1 {b}": round(sum(r[b]["passed"] for r in rows) / max(n, 1), 4) for b in ("llama.cpp", "onnx")},
+               "only llama.cpp passes": [r["task_id"] for r in rows if r["llama.cpp"]["passed"] and not r["onnx"]["passed"]],
+               "only onnx passes": [r["task_id"] for r in rows if r["onnx"]["passed"] and not r["llama.cpp"]["passed"]]}
+    return {"summary": summary}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("curves", "agree"))
+    p.add_argument("what", choices=("curves", "agree", "humaneval"))
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5, help="curves: timed passes over every runner")
     p.add_argument("--runners", nargs="+", default=["onnx", "onnx-unpadded", "llama.cpp-standard", "llama.cpp-repacked"])
     p.add_argument("--workload", default="editeval,humaneval,writing")
-    p.add_argument("--n", type=int, default=2, help="agree: prompts per category")
+    p.add_argument("--n", type=int, default=2, help="agree: prompts per category; humaneval: the first N problems (0: all)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--out", default=None, help="a directory for the JSON (and the curves' markdown table)")
     a = p.parse_args(argv)
     t0 = time.time()
-    res = curves(a) if a.what == "curves" else agree(a)
+    res = {"curves": curves, "agree": agree, "humaneval": humaneval}[a.what](a)
     res["meta"] = {"model": a.model, "threads": a.threads, "seconds": round(time.time() - t0),
                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": _cpu(), "args": vars(a)}
     if "table" in res:

@@ -189,7 +189,7 @@ def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_run
         if draft_runner is None:
             path = resolve_head(spec.head, spec.target)
             head = load_head(path, target)
-            device = getattr(target, "device", None)  # a torch target on a GPU: the head beside it, in bf16
+            device = target.device if target.backend == "torch" else None  # on a GPU: the head beside it, in bf16
             if device is not None and device.type != "cpu":
                 head = head.to(device, torch.bfloat16)
             else:
@@ -296,5 +296,5 @@ def _backend_kw(backend: str, spec: EngineSpec, draft: bool = False, kernels: st
     if backend != "llama.cpp":
         return {}
     return {"fast_kernels": (kernels or spec.kernels) == "repacked", "n_seq_max": spec.max_running,
-            **({"trees": True} if not draft and (getattr(spec, "trees", False) or spec.drafter == "suffix-tree") else {}),
+            **({"trees": True} if not draft and (spec.trees or spec.drafter == "suffix-tree") else {}),
             **({"n_batch": spec.n_batch} if spec.n_batch else {})}

@@ -30,12 +30,20 @@ def top2_margin(row: torch.Tensor) -> float:  # row: [V]
     return float(top[0] - top[1])
 
 
-def divergence_report(runner, prompt_ids: list[int], plain_ids: list[int], spec_ids: list[int]) -> Divergence | None:
+def divergence_report(runner, prompt_ids: list[int], plain_ids: list[int], spec_ids: list[int],
+                      grammar=None) -> Divergence | None:
     """None when identical; otherwise the first divergence with the target's top-2 margin there,
-    computed both ways (a near-zero margin means batched and single-token rounding can flip it)."""
+    computed both ways (a near-zero margin means batched and single-token rounding can flip it).
+    `grammar` (draftwise.grammar.Grammar): the outputs were constrained, so the margin is taken
+    over the tokens its mask allows after the common prefix, as decoding chose among them."""
     i = first_divergence(plain_ids, spec_ids)
     if i is None:
         return None
+    allowed = None
+    if grammar is not None:
+        c = grammar.start()
+        c.advance(plain_ids[:i])
+        allowed = c.allowed()  # [V] bool
     prefix = prompt_ids + plain_ids[:i]
     seq = runner.new_sequence()
     try:
@@ -46,5 +54,7 @@ def divergence_report(runner, prompt_ids: list[int], plain_ids: list[int], spec_
             row = runner.forward([seq], [[tok]], [1])[0][-1]
     finally:
         runner.free(seq)
+    if allowed is not None:
+        row, batched = (r.masked_fill(~allowed[: r.shape[0]], float("-inf")) for r in (row, batched))
     at = lambda ids: ids[i] if i < len(ids) else None  # noqa: E731
     return Divergence(i, at(plain_ids), at(spec_ids), top2_margin(row), top2_margin(batched))

@@ -119,7 +119,8 @@ def profile_runner(runner: ModelRunner, ks: Iterable[int] = range(1, 18),
         finally:
             for s in seqs:
                 runner.free(s)
-    meta = {k: getattr(runner, k) for k in ("n_threads", "model_path") if hasattr(runner, k)}
+    own = runner.identity() or {}
+    meta = {k: own[v] for k, v in (("n_threads", "n_threads"), ("model_path", "model")) if own.get(v) is not None}
     # one sequence's forward over the whole context: what catching up on many tokens costs
     meta["prefill"] = {"tokens": context_len, "ms_median": statistics.median(prefill_ms[1:] or prefill_ms)}
     return ProfileResult(rows, context_len, runner.backend, repeats, warmup, meta)
@@ -130,26 +131,11 @@ def runner_identity(runner: ModelRunner) -> dict | None:
     the runner cannot name its model (then its profile is not cached)."""
     import platform
 
-    ident = {"backend": runner.backend, "machine": platform.machine(), "cpu": cpu_model(),
-             "cores": os.cpu_count()}
-    if getattr(runner, "model_path", None):
-        st = os.stat(runner.model_path)
-        ident.update(model=os.path.abspath(runner.model_path), size=st.st_size, mtime=int(st.st_mtime),
-                     **{k: getattr(runner, k, None) for k in ("n_threads", "n_batch", "fast_kernels")},
-                     **({"dtype": runner.dtype} if getattr(runner, "dtype", None) else {}))
-        return ident
-    model = getattr(runner, "model", None)
-    name = getattr(getattr(model, "config", None), "_name_or_path", None)
-    if not name:
+    own = runner.identity()
+    if own is None:
         return None
-    import torch
-
-    # the name can be a directory holding several GGUF files: the weights' size tells them apart
-    ident.update(model=name, device=str(getattr(runner, "device", "")), threads=torch.get_num_threads(),
-                 dtype=str(next(model.parameters()).dtype),
-                 params=getattr(runner, "num_params", None) or sum(p.numel() for p in model.parameters()),
-                 packed=getattr(runner, "packed", "off"), **({"pad": list(runner.pad)} if getattr(runner, "pad", ()) else {}))
-    return ident
+    return {"backend": runner.backend, "machine": platform.machine(), "cpu": cpu_model(), "cores": os.cpu_count(),
+            **own}
 
 
 # NOTE(untangle): the old name, for plan.py until it imports machine.cpu_model

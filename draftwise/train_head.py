@@ -78,7 +78,7 @@ def extract(cfg: TrainConfig, runner, tok, log=None, gen=None) -> dict:
     mpath = root / "manifest.json"
     man = json.loads(mpath.read_text()) if mpath.exists() else {
         "hidden_size": runner.hidden_size, "vocab_size": runner.vocab_size, "seq_len": cfg.seq_len,
-        "model": getattr(runner, "model_path", ""), "shards": [], "sources": {}, "seconds": 0.0, "done": False}
+        "model": (runner.identity() or {}).get("model", ""), "shards": [], "sources": {}, "seconds": 0.0, "done": False}
     if man["done"]:
         return man
     t0 = time.perf_counter()
@@ -237,7 +237,7 @@ def train(cfg: TrainConfig, runner, log=None) -> dict:
     emb, rows = runner.embedding_tables()
     nh = max(1, H // 128)
     hc = HeadConfig(H, nh, max(1, nh // 6) if nh % 6 == 0 else nh, H // nh, cfg.intermediate, V, len(ids),
-                    [], 1e-6, 1_000_000.0, target=Path(getattr(runner, "model_path", "")).name)
+                    [], 1e-6, 1_000_000.0, target=Path((runner.identity() or {}).get("model", "")).name)
     head = new_head(hc, emb, rows(ids), ids - torch.arange(len(ids)), cfg.seed)
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
     steps_per_epoch = math.ceil(len(train_seqs) / cfg.batch)

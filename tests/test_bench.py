@@ -203,6 +203,20 @@ def test_resume_refuses_other_conditions(tmp_path):
         run_bench(config(tmp_path, max_tokens=13), engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
 
 
+def test_an_archived_run_is_read_from_its_gzip_and_not_written_into(tmp_path):
+    import gzip
+
+    cfg = config(tmp_path, configs=("plain",))
+    path = run_bench(cfg, engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+    before = Results.load(path.parent)
+    path.with_suffix(".jsonl.gz").write_bytes(gzip.compress(path.read_bytes()))
+    path.unlink()
+    after = Results.load(path.parent)
+    assert len(after.requests) == 4 and after.requests == before.requests and after.meta == before.meta
+    with pytest.raises(ValueError, match="archived run"):
+        run_bench(cfg, engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)
+
+
 def test_torn_last_line_is_dropped_and_repaired(tmp_path):
     cfg = config(tmp_path, configs=("plain",))
     path = run_bench(cfg, engines=fake_engines(), tokenizer=CharTokenizer(), progress=False)

@@ -206,3 +206,23 @@ def test_bench_answers_a_rows_response_format_under_its_schema_in_every_configur
         path.write_text(json.dumps({"prompt": "ab", "response_format": bad}) + "\n")
         with pytest.raises(ValueError, match=problem):
             from_jsonl(path)
+
+
+def test_a_constrained_divergence_margin_is_taken_among_the_tokens_the_grammar_allows(grammars):
+    from draftwise.compare import divergence_report
+
+    runner, prompt, common = TableRunner(seed=3), TOK.encode("ab"), TOK.encode('{"a": "')
+    g = grammars.json_schema(PAIR)
+    c = g.start()
+    c.advance(common)
+    allowed = c.allowed()  # [V]: what the string value may go on with
+    ok = allowed.nonzero().flatten().tolist()
+    row = runner.logits_after(common[-1])
+    top = torch.topk(row.masked_fill(~allowed, float("-inf")), 2).values
+    plain, spec = common + [ok[0]], common + [ok[1]]
+    d = divergence_report(runner, prompt, plain, spec, g)
+    assert 1 < len(ok) < len(PIECES) and d.position == len(common)
+    assert d.margin_single == pytest.approx(float(top[0] - top[1])) == pytest.approx(d.margin_batched)
+    unmasked = divergence_report(runner, prompt, plain, spec)
+    assert unmasked.margin_single == pytest.approx(float(row.topk(2).values.diff().neg()))
+    assert unmasked.margin_single != pytest.approx(d.margin_single)  # the table's best tokens are refused there

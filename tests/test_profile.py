@@ -25,6 +25,9 @@ class SleepRunner:
         self.lengths: dict[int, int] = {}
         self.timed_calls: list[tuple[list[int], list[int]]] = []  # (lengths before, num_logits)
 
+    def identity(self):  # no model file: not cached
+        return None
+
     def new_sequence(self) -> int:
         if len(self.lengths) >= self.n_seq_max:
             raise ValueError("too many sequences")

@@ -1,6 +1,7 @@
 """The model-runner interface: the one owner of a model's KV state, for several sequences."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -82,6 +83,8 @@ class ModelRunner(Protocol):
 
     def kv_bytes(self) -> int: ...  # bytes of KV state held now, all sequences
 
+    def identity(self) -> dict | None: ...  # what its cost curve depends on besides the machine; None: not cached
+
     def save(self, seq_id: int) -> KVState: ...  # saves only
 
     def restore(self, seq_id: int, state: KVState) -> None: ...  # saves only; into an empty sequence
@@ -124,3 +127,9 @@ def equal_split_parts(ks: list[int]) -> list[tuple[int, int]]:
             done = k
     return parts
 
+
+def file_identity(path: str, **settings) -> dict:
+    """identity() of a runner whose weights are one file: the file (path, size, mtime) and the
+    settings its cost curve depends on."""
+    st = os.stat(path)
+    return {"model": os.path.abspath(path), "size": st.st_size, "mtime": int(st.st_mtime), **settings}

@@ -18,7 +18,7 @@ import time
 import torch
 from torch import nn
 
-from draftwise.backends.base import check_forward_args, padded_parts
+from draftwise.backends.base import check_forward_args, file_identity, padded_parts
 from draftwise.models.head import DraftHead
 
 
@@ -103,6 +103,10 @@ class HeadRunner:
 
     def kv_bytes(self) -> int:
         return sum(2 * s.k.numel() * s.k.element_size() for s in self._seqs.values() if s.k is not None)
+
+    def identity(self) -> dict | None:
+        return file_identity(self.model_path, n_threads=None, n_batch=None, fast_kernels=None,
+                             dtype=self.dtype) if self.model_path else None
 
 
 CLEARLY = 0.8  # bf16 is taken where its products take at most this share of float32's time

@@ -28,7 +28,8 @@ import llama_cpp as _ll
 import numpy as np
 import torch
 
-from draftwise.backends.base import Forward, KVState, check_forward_args, equal_split_parts, padded_parts
+from draftwise.backends.base import (Forward, KVState, check_forward_args, equal_split_parts, file_identity,
+                                     padded_parts)
 from draftwise.backends.llama_setup import amx_would_crash, gguf_embedding_tables, init_backend, llama_tokenize
 from draftwise.backends.llama_trees import GRAVEYARD, MAX_LEAVES, Tree
 from draftwise.machine import physical_cores
@@ -338,6 +339,10 @@ class LlamaRunner:
     def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
         """llama.cpp's own tokenizer (the engine uses the transformers one; tests compare the two)."""
         return llama_tokenize(self._vocab, text, add_special, parse_special)
+
+    def identity(self) -> dict:
+        return file_identity(self.model_path, n_threads=self.n_threads, n_batch=self.n_batch,
+                             fast_kernels=self.fast_kernels)
 
     def kv_bytes(self) -> int:
         """Bytes of KV state held by live sequences (llama.cpp's per-sequence state size: the K and V

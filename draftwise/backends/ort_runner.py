@@ -33,7 +33,7 @@ import numpy as np
 import onnxruntime_genai as og
 import torch
 
-from draftwise.backends.base import check_forward_args
+from draftwise.backends.base import check_forward_args, file_identity
 from draftwise.machine import physical_cores
 
 CONFIG = "genai_config.json"
@@ -109,6 +109,9 @@ class OrtRunner:
         if gen is not None:
             gen.rewind_to(0)
             self._spare.append(gen)
+
+    def identity(self) -> dict:
+        return file_identity(self.model_path, n_threads=self.n_threads, n_batch=None, fast_kernels=None)
 
     def kv_bytes(self) -> int:
         """Bytes of the KV rows the live sequences hold (each generator's buffer is max_context long)."""

@@ -155,6 +155,16 @@ class TorchRunner:
     def kv_bytes(self) -> int:
         return sum(_cache_bytes(c) for c in self._caches.values())
 
+    def identity(self) -> dict | None:
+        """The model by name (a directory can hold several GGUF files: its size tells them apart)
+        and the settings; None for a model loaded without a name."""
+        name = self.model.config._name_or_path
+        if not name:
+            return None
+        return {"model": name, "device": str(self.device), "threads": torch.get_num_threads(),
+                "dtype": str(next(self.model.parameters()).dtype), "params": self.num_params,
+                "packed": self.packed, **({"pad": list(self.pad)} if self.pad else {})}
+
 
 def _kv_tensors(cache: DynamicCache):
     for layer in cache.layers:

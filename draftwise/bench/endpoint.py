@@ -281,6 +281,9 @@ class EndpointTarget:
         emitted = sum(r["emitted_tokens"] for r in recs)
         return recs, server_stats(before, self.counters(), emitted)
 
+    def forget_prompts(self) -> None:
+        """Nothing to forget here: a server's prompt cache is its own (a warm-up may leave it warm)."""
+
     def describe(self) -> dict:
         return {"sequential": False, "backend": "endpoint", "url": self.url, "model": self.model,
                 "api": self.api, "drafter": None, "num_draft_tokens": None}

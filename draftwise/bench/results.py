@@ -13,6 +13,7 @@ Record kinds:
 """
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,14 +35,18 @@ class Results:
 
     @staticmethod
     def load(path: str | Path) -> Results:
-        """Read a results file; a torn last line (the run was killed mid-write) is skipped."""
+        """Read a results file (a run directory's, or its gzipped archive `requests.jsonl.gz` when
+        the plain file is absent); a torn last line (the run was killed mid-write) is skipped."""
         out = Results()
         p = Path(path)
         if p.is_dir():
             p = p / REQUESTS
+            if not p.exists() and p.with_suffix(".jsonl.gz").exists():
+                p = p.with_suffix(".jsonl.gz")
         if not p.exists():
             return out
-        lines = p.read_text(encoding="utf-8").splitlines()
+        raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+        lines = raw.decode("utf-8").splitlines()
         for i, line in enumerate(lines):
             if not line.strip():
                 continue
@@ -73,6 +78,9 @@ class ResultsWriter:
 
     def __init__(self, out_dir: str | Path):
         self.path = Path(out_dir) / REQUESTS
+        if not self.path.exists() and self.path.with_suffix(".jsonl.gz").exists():
+            raise ValueError(f"{out_dir} holds an archived run ({REQUESTS}.gz): gunzip it to add to it, "
+                             "or write to another directory")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._repair()
         self._f = self.path.open("a", encoding="utf-8")

@@ -147,7 +147,7 @@ def run_bench(cfg: BenchConfig, engines: dict[str, Engine] | None = None, tokeni
             bar.update(1)
         bar.close()
         if cfg.margins and cfg.temperature == 0 and not cfg.endpoints:
-            _margins(cfg, targets, old, dict(zip((p.id for p in prompts), ids)), out)
+            _margins(cfg, targets, old, {p.id: (p, i) for p, i in zip(prompts, ids)}, out)
     return out.path
 
 
@@ -157,22 +157,25 @@ def _warm_up(cfg: BenchConfig, targets: dict, prompt: Prompt, ids: list[int]) ->
         for t in targets.values():
             t.run_group([(prompt, ids, kw)])
     for t in targets.values():  # the warm-up prompt is a measured one: measure it uncached
-        if hasattr(t, "forget_prompts"):
-            t.forget_prompts()
+        t.forget_prompts()
 
 
-def _margins(cfg: BenchConfig, targets: dict, res: Results, prompt_ids: dict[str, list[int]], out) -> None:
+def _margins(cfg: BenchConfig, targets: dict, res: Results, prompts: dict[str, tuple[Prompt, list[int]]],
+             out) -> None:
     """For each new divergence from the baseline, the target's top-2 margin there: near zero means
-    a rounding difference between batched and single-token forwards can flip the token."""
+    a rounding difference between batched and single-token forwards can flip the token (for a
+    constrained row, among the tokens its grammar allows there)."""
     from draftwise.compare import divergence_report
 
-    runner = targets[cfg.baseline].engine.target
+    base = targets[cfg.baseline]
     mismatches, _ = find_mismatches(list(res.requests.values()), cfg.baseline, res.divergences)
     for m in mismatches:
-        if m.key in res.divergences or m.prompt_id not in prompt_ids or m.unit != "token":
+        if m.key in res.divergences or m.prompt_id not in prompts or m.unit != "token":
             continue
         r, ref = res.requests[m.key], res.requests[m.reference_key]
-        d = divergence_report(runner, prompt_ids[m.prompt_id], ref["token_ids"], r["token_ids"])
+        prompt, ids = prompts[m.prompt_id]
+        grammar = base.grammars(prompt.response_format) if prompt.response_format else None
+        d = divergence_report(base.engine.target, ids, ref["token_ids"], r["token_ids"], grammar)
         if d is not None:
             rec = {"kind": "divergence", "key": m.key, **d.to_dict()}
             out.write(rec)

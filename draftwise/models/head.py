@@ -232,7 +232,7 @@ def load_head(path: str | Path, target, dtype: torch.dtype = torch.float32) -> D
     from safetensors.torch import load_file
 
     path = Path(path)
-    c = read_config(path, getattr(target, "num_layers", None))
+    c = read_config(path, target.num_layers)
     H, V = target.hidden_size, target.vocab_size
     if c.hidden_size != H:
         raise HeadMismatch(f"head {path} has hidden size {c.hidden_size}, the target {H}")
