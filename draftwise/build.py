@@ -118,13 +118,22 @@ class EngineSpec(ModelFields):
         if self.prompt_cache_mb is not None and self.prompt_cache_mb < 0:
             raise ValueError(f"prompt_cache_mb must be >= 0, got {self.prompt_cache_mb}")
         self.check_models()
-        if self.backend is None:
+        if self.backend is None or (self.backend == "auto" and not self.may_run_on_onnx()):
             self.backend = default_backend(self.target, self.device)
         if self.draft_backend is None:
-            self.draft_backend = self.backend
+            self.draft_backend = default_backend(self.draft_model, self.device) if self.backend == "auto" else self.backend
         if self.device not in (None, "cpu") and "torch" not in (self.backend, self.draft_backend):
             raise ValueError(f"device {self.device!r}: the {self.backend} backend runs on the CPU only (use --backend torch)")
         self.kernels = resolve_kernels(self.kernels, self.drafter != "none")
+
+    def may_run_on_onnx(self) -> bool:
+        """Could `--backend auto` take ONNX Runtime GenAI: a GGUF or packaged model on the CPU,
+        drafted by what needs neither candidate trees nor the target's features, the runtime installed."""
+        from importlib.util import find_spec
+
+        needs = {"auto": set(self.auto_members)}.get(self.drafter, {self.drafter})
+        return (default_backend(self.target, self.device) == "llama.cpp" and not self.trees
+                and needs <= {"ngram", "suffix", "model", "prediction"} and find_spec("onnxruntime_genai") is not None)
 
     def prompt_cache_bytes(self, target) -> int:
         """The prompt cache's size for this target runner."""
@@ -142,35 +151,36 @@ def check_vocabularies(target_tok, draft_tok, target_name: str, draft_name: str)
 
 
 def load_target(spec: EngineSpec, log=None):
-    """(runner, tokenizer) of the spec's target. Kernels "auto" on llama.cpp with a drafter are
-    settled here (faster_kernels) and written back to spec.kernels."""
-    if spec.backend == "llama.cpp" and spec.kernels == "auto":
-        spec.kernels, loaded = faster_kernels(spec, log)
+    """(runner, tokenizer) of the spec's target. Backend "auto", and kernels "auto" on llama.cpp
+    with a drafter, are settled here (cheapest_target) and written back to the spec."""
+    if spec.backend == "auto" or (spec.backend == "llama.cpp" and spec.kernels == "auto"):
+        spec.backend, spec.kernels, loaded = cheapest_target(spec, log)
         return loaded
     return load_runner(spec.target, spec.backend, spec.threads, spec.max_context, **_backend_kw(spec.backend, spec))
 
 
-def faster_kernels(spec: EngineSpec, log=None) -> tuple[str, tuple]:
-    """(kernels, the target's (runner, tokenizer) loaded with them): of llama.cpp's standard and
-    repacked kernels, those whose one-sequence forwards of k = 1..8 tokens (KERNEL_KS: what decoding
-    with a drafter runs) take less time in total, from each one's forward-cost curve, measured once
-    per machine and cached like the planner's (draftwise.profile.cached_profile). Prompt processing
-    is not compared: repacked kernels take longer over a long prompt (TTFT; docs/usage.md)."""
-    from draftwise.profile import cached_profile
+def cheapest_target(spec: EngineSpec, log=None) -> tuple[str, str, tuple]:
+    """(backend, kernels, the target's (runner, tokenizer) loaded so): of llama.cpp's standard and
+    repacked kernels (those spec.kernels allows) and, for backend "auto", ONNX Runtime GenAI, the one
+    whose one-sequence forwards of k = 1..8 tokens (KERNEL_KS: what decoding with a drafter runs)
+    take less time in total, measured side by side once per machine (draftwise.profile.cheapest).
+    Prompt processing is not compared (TTFT; docs/usage.md). With onnx chosen, kernels are
+    "repacked" (for a llama.cpp draft model)."""
+    from draftwise.profile import cheapest
 
     log = log or (lambda m: print(m, file=sys.stderr))
-    best = None
-    for kernels in ("standard", "repacked"):
-        loaded = load_runner(spec.target, "llama.cpp", spec.threads, spec.max_context,
-                             **_backend_kw("llama.cpp", spec, kernels=kernels))
-        prof = cached_profile(loaded[0], (1,), range(1, 18), log=log)
-        ms = {r["k"]: r["ms_median"] for r in prof.rows if r["batch"] == 1}
-        cost = sum(ms[k] for k in KERNEL_KS)
-        if best is None or cost < best[0]:
-            loaded, best = (best[2] if best else None), (cost, kernels, loaded)
-        if loaded is not None:
-            loaded[0].close()  # the slower kernels' runner
-    return best[1], best[2]
+    kernels = ("standard", "repacked") if spec.kernels == "auto" else (spec.kernels,)
+    cands = {f"llama.cpp {k}": ("llama.cpp", k) for k in kernels} | (
+        {"onnx": ("onnx", "repacked")} if spec.backend == "auto" else {})
+    loaded = {n: load_runner(spec.target, b, spec.threads, spec.max_context, **_backend_kw(b, spec, kernels=k))
+              for n, (b, k) in cands.items()}
+    chosen, ms = cheapest({n: r for n, (r, _) in loaded.items()}, list(KERNEL_KS), log=log)
+    if len(cands) > 1:
+        log("forwards of 1..8 tokens: " + ", ".join(f"{n} {t:.0f} ms" for n, t in ms.items()) + f": {chosen}")
+    for n, (r, _) in loaded.items():
+        if n != chosen:
+            r.close()  # the costlier runners
+    return *cands[chosen], loaded[chosen]
 
 
 def load_drafter(spec: EngineSpec, tokenizer, kind: str | None = None, draft_runner=None, target=None,

@@ -73,11 +73,11 @@ def cmd_generate(a) -> int:
             if chunk.result is not None:
                 runs[label] = chunk.result
         sys.stdout.write("\n")
-    fastest = None  # plain decoding on its own fastest kernels, where they differ from the run's
-    if a.compare_plain and a.drafter != "none" and spec.backend == "llama.cpp" and a.kernels == "auto":
+    fastest = None  # plain decoding on its own fastest backend and kernels, where they differ from the run's
+    if a.compare_plain and a.drafter != "none" and spec.backend != "torch" and "auto" in (a.kernels, a.backend):
         p_spec = _spec(a, drafter="none", max_running=1)
-        if p_spec.kernels != spec.kernels:
-            fastest = f"plain ({p_spec.kernels})"
+        if (p_spec.backend, p_spec.kernels) != (spec.backend, spec.kernels):
+            fastest = f"plain ({p_spec.kernels if p_spec.backend == spec.backend else p_spec.backend})"
             runs[fastest] = build_engine(p_spec)[0].generate(ids, **kw)
     if a.json:
         print(json.dumps({name: r.to_dict() for name, r in runs.items()}, indent=1))

@@ -22,9 +22,11 @@ def _model_args(p: argparse.ArgumentParser, drafting: bool = True) -> None:
                        help="D per round: an integer, or auto (default): chosen every round from the measured "
                             "forward-cost curves and the request's acceptance, 0 (plain) included")
     p.add_argument("--draft-model", default=d["draft_model"].default)
-    p.add_argument("--backend", choices=("torch", "llama.cpp", "onnx"), default=None,
+    p.add_argument("--backend", choices=("torch", "llama.cpp", "onnx", "auto"), default=None,
                    help="default: llama.cpp for GGUF models without a GPU (if installed), else torch; onnx: "
-                   "ONNX Runtime GenAI, the model converted to int4 once on first use (docs/design.md, CPU backends)")
+                   "ONNX Runtime GenAI, the model converted to int4 once on first use (docs/design.md, CPU backends); "
+                   "auto: when drafting, llama.cpp or onnx (if installed), whichever's measured forwards of "
+                   "1..8 tokens cost less on this machine")
     p.add_argument("--draft-backend", choices=("torch", "llama.cpp", "onnx"), default=None, help="default: the target's")
     p.add_argument("--device", default=None, help="torch models: cpu, cuda or cuda:N (bf16 on a GPU, fp32 on the "
                    "CPU); default: a GPU when torch sees one")

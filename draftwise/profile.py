@@ -180,3 +180,39 @@ def cached_profile(runner: ModelRunner, batch_sizes: Sequence[int] = (1,), ks: I
         log(f"not caching the curve: load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores says "
             "something else ran while it was measured; the next start measures it again")
     return prof
+
+
+def cheapest(runners: dict[str, ModelRunner], ks: Sequence[int], passes: int = 3, context_len: int = 256,
+             log=None) -> tuple[str, dict[str, float]]:
+    """(name, ms by name): of several runners of one model, the one whose one-sequence forwards of
+    `ks` tokens take least time in total (the sum over ks of each k's median). Their curves are
+    measured side by side, in passes that take each runner in turn (a curve cached in another
+    sitting of the machine is no measure against one taken now), and the choice is kept in the
+    cache per runners' identities and METHOD; None identities are measured every time."""
+    import hashlib
+
+    idents = {n: runner_identity(r) for n, r in runners.items()}
+    path = None
+    if all(i is not None for i in idents.values()):
+        key = json.dumps({"runners": idents, "ks": list(ks), "context_len": context_len, "passes": passes,
+                          "method": METHOD}, sort_keys=True)
+        path = cache_dir() / "choices" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+        if path.is_file():
+            got = json.loads(path.read_text())
+            return got["chosen"], got["ms"]
+    if log:
+        log(f"measuring {', '.join(runners)} side by side (forwards of {ks[0]}..{ks[-1]} tokens); kept for later runs")
+    times: dict[str, dict[int, list[float]]] = {n: {k: [] for k in ks} for n in runners}
+    for rep in range(passes + 1):  # pass 0 warms every runner up
+        for n, r in runners.items():
+            res = profile_runner(r, ks, (1,), context_len=min(context_len, r.max_context - max(ks)),
+                                 repeats=1, warmup=0, seed=rep)
+            if rep:
+                for row in res.rows:
+                    times[n][row["k"]].append(row["ms_median"])
+    ms = {n: round(sum(statistics.median(v) for v in t.values()), 1) for n, t in times.items()}
+    chosen = min(ms, key=ms.get)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"chosen": chosen, "ms": ms, "runners": idents, "cpu": cpu_model()}, indent=1) + "\n")
+    return chosen, ms

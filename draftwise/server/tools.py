@@ -212,13 +212,20 @@ class CallStream:
     calls: int = 0
     in_calls: bool = False
     done: list[dict] = field(default_factory=list)
+    held: bool | None = None  # the answer opens as a bare or fenced call would (None: too short to tell)
 
     def feed(self, piece: str) -> tuple[str, list[dict]]:
         """(content to send now, tool-call deltas to send now)."""
         self.text += piece
         out, deltas = "", []
-        head = self.text.lstrip()
-        if not self.calls and (head.startswith("{") or (FENCE_OPEN + "{").startswith(head[:len(FENCE_OPEN) + 1])):
+        if self.held is None:  # decided once: by the first non-blank characters
+            lead, opening = len(FENCE_OPEN) + 1, FENCE_OPEN + "{"
+            head = self.text.lstrip()[:lead]
+            if head.startswith("{") or head == opening:
+                self.held = True
+            elif not opening.startswith(head):
+                self.held = False
+        if self.held is not False and not self.calls:
             return out, deltas  # a bare or fenced call, or content that opens alike: at the end
         while True:
             rest = self.text[self.sent:]

@@ -10,4 +10,9 @@ echo "== $(date +%T) profile"; .venv/bin/draftwise profile --backend onnx --thre
 echo "== $(date +%T) interleaved bench"
 .venv/bin/draftwise bench --threads 2 --kernels repacked --configs plain ngram:auto plain@onnx ngram:auto@onnx \
     --workload benchmarks/workloads/heldout_2026_12_07.jsonl --n 6 --max-tokens 128 --no-progress --out $D/interleaved 2>&1 | tail -12
+echo "== $(date +%T) wide bench"
+.venv/bin/draftwise bench --threads 2 --kernels repacked --configs plain ngram:auto plain@onnx ngram:auto@onnx \
+    --workload editeval,humaneval,writing,roleplay,humanities,summarization,qa --n 3 --max-tokens 128 --no-progress \
+    --out results/ort_wide 2>&1 | tail -12
+gzip -9c results/ort_wide/requests.jsonl > $D/wide/requests.jsonl.gz && cp results/ort_wide/summary.csv $D/wide/
 echo "== $(date +%T) done"
