@@ -127,12 +127,13 @@ class EngineSpec(ModelFields):
         self.kernels = resolve_kernels(self.kernels, self.drafter != "none")
 
     def may_run_on_onnx(self) -> bool:
-        """Could `--backend auto` take ONNX Runtime GenAI: a GGUF or packaged model on the CPU,
+        """Could `--backend auto` take ONNX Runtime GenAI: a GGUF or packaged model on the CPU, one
+        request at a time (onnx runs a batch's sequences one after another, llama.cpp together),
         drafted by what needs neither candidate trees nor the target's features, the runtime installed."""
         from importlib.util import find_spec
 
         needs = {"auto": set(self.auto_members)}.get(self.drafter, {self.drafter})
-        return (default_backend(self.target, self.device) == "llama.cpp" and not self.trees
+        return (default_backend(self.target, self.device) == "llama.cpp" and not self.trees and self.max_running == 1
                 and needs <= {"ngram", "suffix", "model", "prediction"} and find_spec("onnxruntime_genai") is not None)
 
     def prompt_cache_bytes(self, target) -> int:

@@ -60,7 +60,7 @@ def onnx_installed(monkeypatch):
 
 def test_auto_takes_the_backend_whose_forwards_of_one_to_eight_tokens_cost_least(measured, tmp_path):
     curves, loaded, passes = measured
-    spec = EngineSpec(backend="auto", drafter="ngram")
+    spec = EngineSpec(backend="auto", drafter="ngram", max_running=1)
     runner, _ = load_target(spec, log=lambda m: None)
     assert (spec.backend, spec.kernels, runner.backend) == ("onnx", "repacked", "onnx")
     assert [r.closed for r in loaded] == [True, True, False]  # both llama.cpp runners given back
@@ -69,10 +69,10 @@ def test_auto_takes_the_backend_whose_forwards_of_one_to_eight_tokens_cost_least
     (saved,) = (tmp_path / "choices").iterdir()
     assert '"chosen": "onnx"' in saved.read_text() and str(sum(ONNX)) in saved.read_text()  # medians, not pass 1's
     curves[("onnx", None)] = [m + 60 for m in ONNX]  # the cached choice stands: not measured again
-    spec = EngineSpec(backend="auto", drafter="ngram")
+    spec = EngineSpec(backend="auto", drafter="ngram", max_running=1)
     assert load_target(spec, log=lambda m: None)[0].backend == "onnx" and len(passes) == 12
     saved.unlink()  # measured again: now 898 ms against repacked llama.cpp's 740
-    spec = EngineSpec(backend="auto", drafter="ngram")
+    spec = EngineSpec(backend="auto", drafter="ngram", max_running=1)
     runner, _ = load_target(spec, log=lambda m: None)
     assert (spec.backend, spec.kernels, runner.fast) == ("llama.cpp", "repacked", True) and not runner.closed
 
@@ -89,10 +89,11 @@ def test_auto_without_a_drafter_is_the_default_backend_and_a_fixed_backend_is_no
                                        ({"drafter": "model"}, True), ({"drafter": "auto"}, True),
                                        ({"drafter": "auto", "auto_members": ("suffix", "head")}, False),
                                        ({"drafter": "head"}, False), ({"drafter": "suffix-tree"}, False),
-                                       ({"drafter": "ngram", "trees": True}, False)])
+                                       ({"drafter": "ngram", "trees": True}, False),
+                                       ({"drafter": "ngram", "max_running": 4}, False)])
 def test_onnx_is_a_candidate_only_for_drafting_it_can_serve(monkeypatch, kw, onnx):
     onnx_installed(monkeypatch)
-    spec = EngineSpec(backend="auto", **kw)
+    spec = EngineSpec(backend="auto", **{"max_running": 1, **kw})
     assert spec.may_run_on_onnx() is onnx and spec.backend == ("auto" if onnx else "llama.cpp")
     assert spec.draft_backend == "llama.cpp"  # a draft model stays on llama.cpp
 
@@ -102,4 +103,4 @@ def test_auto_without_the_onnx_runtime_installed_is_llama_cpp(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime_genai" else real(name, *a))
-    assert EngineSpec(backend="auto", drafter="ngram").backend == "llama.cpp"
+    assert EngineSpec(backend="auto", drafter="ngram", max_running=1).backend == "llama.cpp"
