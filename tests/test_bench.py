@@ -481,6 +481,19 @@ def test_a_server_whose_logprobs_cover_part_of_its_output_is_compared_by_text():
     assert [(m.unit, m.position) for m in find_mismatches([ref, other], "plain")[0]] == [("char", 4)]
 
 
+def test_tool_call_answers_are_compared_by_their_calls():
+    """A server's answer given as tool calls has empty text: its calls are what is compared."""
+    call = {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "C"}'}
+    ref = {"key": "a", "prompt_id": "p", "config": "plain", "repeat": 0, "concurrency": 1, "text": "",
+           "tool_calls": [call]}
+    relaid = {**ref, "key": "b", "config": "srv",  # the same call in another layout
+              "tool_calls": [{"name": "get_weather", "arguments": '{"unit":"C","city":"Paris"}'}]}
+    other = {**ref, "key": "c", "config": "srv2", "tool_calls": [{**call, "arguments": '{"city": "Rome", "unit": "C"}'}]}
+    none = {**ref, "key": "d", "config": "srv3", "tool_calls": []}
+    mism, checked = find_mismatches([ref, relaid, other, none], "plain")
+    assert checked == 3 and [(m.config, m.unit) for m in mism] == [("srv2", "char"), ("srv3", "char")]
+
+
 def test_sampling_runs_skip_the_check(tmp_path):
     path = run_bench(config(tmp_path, temperature=0.8, configs=("plain", "ngram:4")), engines=fake_engines(),
                      tokenizer=CharTokenizer(), progress=False)

@@ -8,10 +8,13 @@ top-2 logprobs, so outputs are compared token by token (by the tokens' text) and
 divergence is top-1 minus top-2 logprob — the same as the logit margin, since both logprobs share
 one normaliser. Otherwise (or where a server's logprobs cover only part of its output, as
 llama-server's with a draft model) outputs are compared by text and the position is a character
-index.
+index. An answer with tool calls (a server's `tool_calls`, its text empty) is compared by its text
+followed by each call's name and arguments (parsed, keys sorted: the same call in another layout is
+the same answer).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 
 from draftwise.compare import first_divergence
@@ -53,7 +56,7 @@ def compare_outputs(ref: dict, r: dict) -> tuple[str, int, object, object] | Non
     elif _whole(ref) and _whole(r):
         a, b, unit = ref["tokens"], r["tokens"], "token"
     else:
-        a, b, unit = ref.get("text") or "", r.get("text") or "", "char"
+        a, b, unit = _answer(ref), _answer(r), "char"
     i = first_divergence(list(a), list(b))
     if i is None:
         return None
@@ -82,6 +85,18 @@ def find_mismatches(requests: list[dict], baseline: str, divergences: dict[str, 
             m.margin_single, m.margin_batched = _at(ref["margins"], m.position), _at(r["margins"], m.position)
         out.append(m)
     return out, checked
+
+
+def _answer(r: dict) -> str:
+    """The answer's text, then its tool calls as name and arguments (parsed where they are JSON)."""
+    calls = []
+    for c in r.get("tool_calls") or []:
+        try:
+            args = json.loads(c.get("arguments") or "null")
+        except json.JSONDecodeError:
+            args = c.get("arguments")
+        calls.append(json.dumps({"name": c.get("name"), "arguments": args}, sort_keys=True))
+    return (r.get("text") or "") + "".join(calls)
 
 
 def _whole(r: dict) -> bool:
