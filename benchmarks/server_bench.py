@@ -3,9 +3,10 @@ concurrency 1, 2, 4, 8, 16 (docs/server.md, Measuring it): `draftwise serve` (de
 n-gram `auto`, n-gram D = 4), or with `--engine llama-server` llama.cpp's own server
 (scripts/setup_peers.sh builds it; configurations plain, its n-gram types, `draft`: the 0.5B
 draft model; docs/peers.md), or vLLM; with a peer, `draftwise-auto` adds `draftwise serve` at
-`auto` on the same prompts. draftwise's servers run without their prompt cache
-(`--prompt-cache-mb 0`; `--serve-args` can set it), so that every repeat of a prompt measures its
-prefill. The bench interleaves the servers' request groups, so only one
+`auto` on the same prompts. `--prompt-cache` (draftwise's servers; a peer's own flags go in
+`--serve-args`): by default off for draftwise alone (`--prompt-cache-mb 0`), so that every repeat of
+a prompt measures its prefill, and on beside a peer, which reuses cached prompts as deployed
+(llama-server a slot's KV for a shared prefix whatever its flags), for a like TTFT. The bench interleaves the servers' request groups, so only one
 computes at a time; at temperature 0 it asks every server for logprobs and compares outputs token
 by token.
 
@@ -67,7 +68,8 @@ def vllm_flags(config: str, draft_model: str) -> dict | None:
 def draftwise_command(a: argparse.Namespace, config: str, port: int, extra: list[str]) -> list[str]:
     return CLI + ["serve", "--target", a.model, "--backend", "llama.cpp", "--threads", str(a.threads),
                   "--max-running", "16", "--max-context", str(a.max_context), "--host", "127.0.0.1",
-                  "--prompt-cache-mb", "0", *server_flags(config, a.drafter), *extra, "--port", str(port)]
+                  *([] if a.prompt_cache == "on" else ["--prompt-cache-mb", "0"]), *server_flags(config, a.drafter),
+                  *extra, "--port", str(port)]
 
 
 def commands(a: argparse.Namespace) -> tuple[dict[str, list[str]], list[str]]:
@@ -126,8 +128,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="seconds to wait for each server's /health (auto measures the batch cost curves once: "
                          "~20 min for the 1.5B)")
     ap.add_argument("--goal", default=None, help="the bench's service goal (docs/bench.md), e.g. \"speedup>=1.0\"")
+    ap.add_argument("--prompt-cache", choices=["auto", "on", "off"], default="auto",
+                    help="draftwise's servers' prompt cache: auto (default) = on beside a peer engine, off alone")
     ap.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     a = ap.parse_args(argv)
+    if a.prompt_cache == "auto":
+        a.prompt_cache = "off" if a.engine == "draftwise" else "on"
     if a.configs is None:
         a.configs = {"draftwise": ["plain", "auto", "4"], "vllm": ["plain", "ngram"]}.get(
             a.engine, ["plain", "ngram-simple", "ngram-mod", "draft"])

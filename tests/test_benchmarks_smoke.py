@@ -248,6 +248,11 @@ def test_server_bench_commands(capsys):
                                                "--serve-args", "--spec-draft-p-min 0.5"]))[0]
     assert mixed["draftwise-auto"][mixed["draftwise-auto"].index("--num-draft-tokens") + 1] == "auto"
     assert "serve" in mixed["draftwise-auto"] and "--spec-draft-p-min" not in mixed["draftwise-auto"]
+    # beside a peer draftwise keeps its prompt cache, as the peer does (llama-server reuses a slot's KV)
+    assert "--prompt-cache-mb" not in mixed["draftwise-auto"] and "--cache-ram" not in mixed["plain"]
+    off = server.commands(server.parse_args(["--engine", "llama-server", "--configs", "plain", "draftwise-auto",
+                                             "--prompt-cache", "off"]))[0]
+    assert off["draftwise-auto"][off["draftwise-auto"].index("--prompt-cache-mb") + 1] == "0"
     assert mixed["plain"][0] == LLAMA_SERVER and "--spec-draft-p-min" in mixed["plain"]
     with pytest.raises(SystemExit, match="ngram-cache.*no draft length"):
         server.commands(server.parse_args(["--engine", "llama-server", "--configs", "plain", "ngram-cache8"]))
