@@ -173,8 +173,14 @@ def cheapest_target(spec: EngineSpec, log=None) -> tuple[str, str, tuple]:
     kernels = ("standard", "repacked") if spec.kernels == "auto" else (spec.kernels,)
     cands = {f"llama.cpp {k}": ("llama.cpp", k) for k in kernels} | (
         {"onnx": ("onnx", "repacked")} if spec.backend == "auto" else {})
-    loaded = {n: load_runner(spec.target, b, spec.threads, spec.max_context, **_backend_kw(b, spec, kernels=k))
-              for n, (b, k) in cands.items()}
+    loaded = {}
+    for n, (b, k) in cands.items():
+        try:
+            loaded[n] = load_runner(spec.target, b, spec.threads, spec.max_context, **_backend_kw(b, spec, kernels=k))
+        except (RuntimeError, OSError) as e:  # onnx's conversion failed: the run goes on without it
+            if b != "onnx":
+                raise
+            log(f"backend auto: onnx left out ({str(e).splitlines()[0][:200]})")
     chosen, ms = cheapest({n: r for n, (r, _) in loaded.items()}, list(KERNEL_KS), log=log)
     if len(cands) > 1:
         log("forwards of 1..8 tokens: " + ", ".join(f"{n} {t:.0f} ms" for n, t in ms.items()) + f": {chosen}")

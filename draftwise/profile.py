@@ -212,6 +212,10 @@ def cheapest(runners: dict[str, ModelRunner], ks: Sequence[int], passes: int = 3
                     times[n][row["k"]].append(row["ms_median"])
     ms = {n: round(sum(statistics.median(v) for v in t.values()), 1) for n, t in times.items()}
     chosen = min(ms, key=ms.get)
+    if path is not None and os.getloadavg()[0] > 1.5 * (os.cpu_count() or 1):  # as cached_profile
+        path = None
+        if log:
+            log("not caching the choice: something else ran while it was measured; the next start measures again")
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"chosen": chosen, "ms": ms, "runners": idents, "cpu": cpu_model()}, indent=1) + "\n")

@@ -46,6 +46,7 @@ def measured(monkeypatch, tmp_path):
     monkeypatch.setattr(build, "load_runner", load)
     monkeypatch.setattr(profile, "profile_runner", measure)
     monkeypatch.setattr(profile, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(profile.os, "getloadavg", lambda: (0.5, 0.0, 0.0))  # a quiet machine: the choice is kept
     onnx_installed(monkeypatch)
     return curves, loaded, passes
 
@@ -104,3 +105,20 @@ def test_auto_without_the_onnx_runtime_installed_is_llama_cpp(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime_genai" else real(name, *a))
     assert EngineSpec(backend="auto", drafter="ngram", max_running=1).backend == "llama.cpp"
+
+
+def test_a_failed_onnx_conversion_leaves_onnx_out_and_the_run_goes_on(measured, monkeypatch):
+    _, loaded, _ = measured
+    real = build.load_runner
+
+    def load(target, backend, *a, **kw):
+        if backend == "onnx":
+            raise RuntimeError("the onnxruntime-genai builder failed (exit 1): ...")
+        return real(target, backend, *a, **kw)
+
+    monkeypatch.setattr(build, "load_runner", load)
+    said = []
+    spec = EngineSpec(backend="auto", drafter="ngram", max_running=1)
+    runner, _ = load_target(spec, log=said.append)
+    assert (spec.backend, spec.kernels) == ("llama.cpp", "repacked") and runner.fast
+    assert any("onnx left out" in m and "builder failed" in m for m in said)

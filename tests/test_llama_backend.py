@@ -292,6 +292,7 @@ def test_kernels_auto_with_a_drafter_takes_the_kernels_with_the_faster_measured_
     from draftwise.build import EngineSpec, load_target
 
     monkeypatch.setattr(profile, "cache_dir", lambda: tmp_path)  # the choice only: models stay where they are
+    monkeypatch.setattr(profile.os, "getloadavg", lambda: (0.5, 0.0, 0.0))  # kept whatever else runs
     assert EngineSpec(target=MODEL, backend="llama.cpp", drafter="none").kernels == "repacked"
     assert EngineSpec(target=MODEL, backend="llama.cpp", drafter="ngram", kernels="standard").kernels == "standard"
     chosen = []
