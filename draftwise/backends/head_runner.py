@@ -105,8 +105,10 @@ class HeadRunner:
         return sum(2 * s.k.numel() * s.k.element_size() for s in self._seqs.values() if s.k is not None)
 
     def identity(self) -> dict | None:
-        return file_identity(self.model_path, n_threads=None, n_batch=None, fast_kernels=None,
-                             dtype=self.dtype) if self.model_path else None
+        """Named by its weights file; None (its curve not cached) where that file is not there."""
+        if not os.path.isfile(self.model_path):
+            return None
+        return file_identity(self.model_path, n_threads=None, n_batch=None, fast_kernels=None, dtype=self.dtype)
 
 
 CLEARLY = 0.8  # bf16 is taken where its products take at most this share of float32's time
