@@ -5,6 +5,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from draftwise.sampling import mask_logits
+
 
 @dataclass(slots=True)
 class Divergence:
@@ -54,7 +56,7 @@ def divergence_report(runner, prompt_ids: list[int], plain_ids: list[int], spec_
             row = runner.forward([seq], [[tok]], [1])[0][-1]
     finally:
         runner.free(seq)
-    if allowed is not None:
-        row, batched = (r.masked_fill(~allowed[: r.shape[0]], float("-inf")) for r in (row, batched))
+    if allowed is not None:  # the rows as constrained decoding saw them
+        row, batched = mask_logits(torch.stack([row, batched]), allowed.expand(2, -1))
     at = lambda ids: ids[i] if i < len(ids) else None  # noqa: E731
     return Divergence(i, at(plain_ids), at(spec_ids), top2_margin(row), top2_margin(batched))

@@ -41,8 +41,7 @@ class Results:
         p = Path(path)
         if p.is_dir():
             p = p / REQUESTS
-            if not p.exists() and p.with_suffix(".jsonl.gz").exists():
-                p = p.with_suffix(".jsonl.gz")
+            p = _archived(p) or p
         if not p.exists():
             return out
         raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
@@ -73,12 +72,18 @@ class Results:
             self.divergences.setdefault(r["key"], r)
 
 
+def _archived(path: Path) -> Path | None:
+    """A run's gzipped rows (`requests.jsonl.gz`) where its plain file is absent, else None."""
+    gz = path.with_suffix(".jsonl.gz")
+    return gz if not path.exists() and gz.exists() else None
+
+
 class ResultsWriter:
     """Appends records, each flushed at once."""
 
     def __init__(self, out_dir: str | Path):
         self.path = Path(out_dir) / REQUESTS
-        if not self.path.exists() and self.path.with_suffix(".jsonl.gz").exists():
+        if _archived(self.path):
             raise ValueError(f"{out_dir} holds an archived run ({REQUESTS}.gz): gunzip it to add to it, "
                              "or write to another directory")
         self.path.parent.mkdir(parents=True, exist_ok=True)
