@@ -3,7 +3,9 @@ concurrency 1, 2, 4, 8, 16 (docs/server.md, Measuring it): `draftwise serve` (de
 n-gram `auto`, n-gram D = 4), or with `--engine llama-server` llama.cpp's own server
 (scripts/setup_peers.sh builds it; configurations plain, its n-gram types, `draft`: the 0.5B
 draft model; docs/peers.md), or vLLM; with a peer, `draftwise-auto` adds `draftwise serve` at
-`auto` on the same prompts. `--prompt-cache` (draftwise's servers; a peer's own flags go in
+`auto` on the same prompts (`draftwise-auto@onnx`: on the onnx backend); with `--engine openvino`
+OpenVINO GenAI (scripts/ov_server.py; plain, `lookup`: its prompt lookup, `draft`: its draft-model
+speculation). `--prompt-cache` (draftwise's servers; a peer's own flags go in
 `--serve-args`): by default off for draftwise alone (`--prompt-cache-mb 0`), so that every repeat of
 a prompt measures its prefill, and on beside a peer, which reuses cached prompts as deployed
 (llama-server a slot's KV for a shared prefix whatever its flags), for a like TTFT. The bench interleaves the servers' request groups, so only one
@@ -14,6 +16,8 @@ by token.
     .venv/bin/python benchmarks/server_bench.py --model qwen2.5-coder-1.5b --out results/server_bench_qwen
     .venv/bin/python benchmarks/server_bench.py --engine llama-server --configs plain ngram-mod draft draftwise-auto
     .venv/bin/python benchmarks/server_bench.py --engine vllm --model qwen2.5-coder-1.5b --configs plain ngram
+    .venv/bin/python benchmarks/server_bench.py --engine openvino --model qwen2.5-coder-1.5b \
+        --configs draftwise-plain plain lookup draft draftwise-auto@onnx --concurrency 1
     .venv/bin/python benchmarks/server_bench.py --dry-run     # print the commands
 """
 from __future__ import annotations
@@ -23,7 +27,8 @@ import shlex
 import subprocess
 import sys
 
-from draftwise.peers import LLAMA_NGRAM, llama_server_command, llama_spec, vllm_command, vllm_spec, wait_healthy
+from draftwise.peers import (LLAMA_NGRAM, llama_server_command, llama_spec, ov_command, ov_spec, vllm_command,
+                             vllm_spec, wait_healthy)
 
 CLI = [sys.executable, "-m", "draftwise.cli"]
 
@@ -65,9 +70,26 @@ def vllm_flags(config: str, draft_model: str) -> dict | None:
     return vllm_spec(m.group(1), int(m.group(2) or 4), draft_model)
 
 
+def ov_flags(config: str, draft_model: str) -> list[str]:
+    """`plain`; `lookup[K]` (OpenVINO GenAI's prompt lookup) or `draft[K]` (its draft-model
+    speculation), K tokens a step (default peers.OV_K)."""
+    import re
+    if config == "plain":
+        return []
+    m = re.fullmatch(r"(lookup|draft)(\d*)", config)
+    if m is None:
+        raise SystemExit(f"configuration {config!r}: expected plain, lookup[K] or draft[K]")
+    return ov_spec(m.group(1), int(m.group(2)) if m.group(2) else None, draft_model)
+
+
 def draftwise_command(a: argparse.Namespace, config: str, port: int, extra: list[str]) -> list[str]:
-    return CLI + ["serve", "--target", a.model, "--backend", "llama.cpp", "--threads", str(a.threads),
-                  "--max-running", "16", "--max-context", str(a.max_context), "--host", "127.0.0.1",
+    """`draftwise serve` at a configuration (server_flags); `CONFIG@onnx` on the onnx backend (one
+    request at a time: it runs a batch's sequences one after another)."""
+    config, _, backend = config.partition("@")
+    if backend not in ("", "onnx"):
+        raise SystemExit(f"configuration {config}@{backend}: the backend after @ may be onnx only")
+    return CLI + ["serve", "--target", a.model, "--backend", backend or "llama.cpp", "--threads", str(a.threads),
+                  "--max-running", "1" if backend else "16", "--max-context", str(a.max_context), "--host", "127.0.0.1",
                   *([] if a.prompt_cache == "on" else ["--prompt-cache-mb", "0"]), *server_flags(config, a.drafter),
                   *extra, "--port", str(port)]
 
@@ -86,6 +108,9 @@ def commands(a: argparse.Namespace) -> tuple[dict[str, list[str]], list[str]]:
             names[c] = c
             servers[c] = llama_server_command(a.model, port, a.max_context, max(a.concurrency),
                                               llama_server_flags(c, a.draft_model) + a.serve_args.split(), a.threads)
+        elif a.engine == "openvino":
+            names[c] = f"ov-{c}"
+            servers[names[c]] = ov_command(a.model, port, ov_flags(c, a.draft_model) + a.serve_args.split())
         elif a.engine == "vllm":
             names[c] = c
             cmd = vllm_command(a.model, port, a.max_context, max(a.concurrency), vllm_flags(c, a.draft_model))
@@ -106,11 +131,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/server_bench")
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--engine", choices=["draftwise", "llama-server", "vllm"], default="draftwise")
+    ap.add_argument("--engine", choices=["draftwise", "llama-server", "vllm", "openvino"], default="draftwise")
     ap.add_argument("--configs", nargs="+", default=None,
                     help="one server each, the first the baseline: plain, auto or an integer D (draftwise; "
                          "default plain auto 4); plain, draft or an n-gram type (llama-server; default "
-                         "plain ngram-simple ngram-mod draft); plain, ngram[K], draft[K] (vllm; default plain ngram)")
+                         "plain ngram-simple ngram-mod draft); plain, ngram[K], draft[K] (vllm; default plain ngram); "
+                         "plain, lookup[K], draft[K] (openvino; default plain lookup draft); with a peer, "
+                         "draftwise-CONFIG[@onnx] too")
     ap.add_argument("--drafter", default="ngram")
     ap.add_argument("--draft-model", default="qwen2.5-coder-0.5b", help="llama-server's and vLLM's `draft` configuration")
     ap.add_argument("--serve-args", default="", help="more draftwise serve options, for every server")
@@ -135,7 +162,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if a.prompt_cache == "auto":
         a.prompt_cache = "off" if a.engine == "draftwise" else "on"
     if a.configs is None:
-        a.configs = {"draftwise": ["plain", "auto", "4"], "vllm": ["plain", "ngram"]}.get(
+        a.configs = {"draftwise": ["plain", "auto", "4"], "vllm": ["plain", "ngram"],
+                     "openvino": ["plain", "lookup", "draft"]}.get(
             a.engine, ["plain", "ngram-simple", "ngram-mod", "draft"])
     return a
 

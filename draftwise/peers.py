@@ -1,4 +1,5 @@
-"""Peer engines started by draftwise (`draftwise plan --engine vllm|llama-server`, benchmarks/server_bench.py):
+"""Peer engines started by draftwise (`draftwise plan --engine vllm|llama-server`, benchmarks/server_bench.py,
+OpenVINO GenAI through scripts/ov_server.py):
 their command lines, and a server process that is up once its /health answers and is stopped on
 exit. Installed by scripts/setup_peers.sh under .peers/ (docs/peers.md)."""
 from __future__ import annotations
@@ -12,6 +13,10 @@ from pathlib import Path
 VLLM_SERVE = ".peers/bin/vllm-serve"  # vLLM's OpenAI server, threads bound (setup_peers.sh vllm)
 VLLM_HF = ".peers/hf"  # the packaged models exported to Hugging Face directories
 LLAMA_SERVER = ".peers/bin/llama-server"  # llama.cpp's server from the pinned sdist (setup_peers.sh)
+OV_PYTHON = ".peers/openvino/bin/python"  # OpenVINO GenAI's own environment (setup_peers.sh openvino)
+OV_SERVER = "scripts/ov_server.py"  # its LLMPipeline behind an OpenAI-compatible server (OVMS is not on PyPI)
+OV_MODELS = ".peers/ov"  # the packaged models as OpenVINO int4 directories (optimum-cli export openvino)
+OV_K = 5  # tokens a step when none is named: OpenVINO GenAI's samples' num_assistant_tokens
 LLAMA_NGRAM = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 
 
@@ -77,6 +82,26 @@ def llama_spec(method: str, k: int | None = None, draft_model: str = "qwen2.5-co
     if knob is None:
         raise ValueError(f"llama-server's {method} has no draft length planned here: use ngram-simple, ngram-mod or draft")
     return flags + knob
+
+
+def ov_spec(method: str, k: int | None = None, draft_model: str = "qwen2.5-coder-0.5b") -> list[str]:
+    """scripts/ov_server.py's flags for OpenVINO GenAI's prompt lookup (`lookup`, n-grams up to 3)
+    or its draft-model speculation (`draft`, the draft model's OpenVINO export), k tokens a step."""
+    k = OV_K if k is None else k
+    if k < 1:
+        raise ValueError(f"a draft of at least 1 token, got {k}")
+    if method == "lookup":
+        return ["--prompt-lookup", str(k)]
+    if method == "draft":
+        return ["--draft-model", f"{OV_MODELS}/{draft_model}", "--draft", str(k)]
+    raise ValueError(f"OpenVINO GenAI drafter {method!r}: expected lookup or draft")
+
+
+def ov_command(model: str, port: int, flags: list[str] | None = None) -> list[str]:
+    """scripts/ov_server.py on a packaged model's OpenVINO export, served under its draftwise name,
+    one request at a time, on every core (OpenVINO's CPU plugin default)."""
+    return [OV_PYTHON, OV_SERVER, "--model", f"{OV_MODELS}/{model}", "--name", model, "--host", "127.0.0.1",
+            *(flags or []), "--port", str(port)]
 
 
 def llama_server_command(model: str, port: int, max_context: int, slots: int, flags: list[str] | None = None,

@@ -10,7 +10,10 @@
 #   OpenAI server, threads bound to this machine's cores), and the packaged Qwen2.5-Coder models
 #   exported to Hugging Face directories (`draftwise models export-hf`) -> .peers/hf/NAME, and the
 #   packaged draft head as an EAGLE-3 checkpoint (`models export-eagle3`) -> .peers/hf/NAME-head-eagle3
-# Usage: scripts/setup_peers.sh [llama-server] [vllm]     (default: llama-server)
+#   openvino: OpenVINO GenAI (pinned) with optimum-intel, its converter, in its own virtual environment
+#   (optimum-intel pins its own transformers) -> .peers/openvino, and the packaged Qwen2.5-Coder models
+#   converted int4 (symmetric, groups of 128) -> .peers/ov/NAME, served by scripts/ov_server.py
+# Usage: scripts/setup_peers.sh [llama-server] [vllm] [openvino]     (default: llama-server)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ver=0.3.36
@@ -19,7 +22,7 @@ py=.venv/bin/python
 mkdir -p .peers/bin
 want=" ${*:-llama-server} "
 for w in $want; do
-    [[ "$w" == llama-server || "$w" == vllm ]] || { echo "unknown peer $w: expected llama-server or vllm"; exit 2; }
+    [[ "$w" == llama-server || "$w" == vllm || "$w" == openvino ]] || { echo "unknown peer $w: expected llama-server, vllm or openvino"; exit 2; }
 done
 if [[ "$want" == *" llama-server "* ]] && { [ ! -x .peers/bin/llama-server ] || [ ! -x .peers/llama-build/bin/llama-bench ]; }; then
     src=.peers/llama_cpp_python-$ver
@@ -70,4 +73,21 @@ SH
     h=.peers/hf/qwen2.5-coder-1.5b-head-eagle3  # the packaged draft head, as vLLM's EAGLE-3
     [ -f $h/config.json ] || $py -m draftwise.cli models export-eagle3 qwen2.5-coder-1.5b-head .peers/hf/qwen2.5-coder-1.5b $h
     $v/bin/python -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1
+fi
+if [[ "$want" == *" openvino "* ]]; then
+    v=.peers/openvino
+    [ -x $v/bin/python ] || python3 -m venv $v
+    if ! $v/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('openvino-genai') != '2026.4.1.0')" 2>/dev/null; then
+        $v/bin/python -m pip install --quiet --upgrade pip
+        # optimum-intel asks for torchvision, which imports beside torch 2.14.1 only (that pair lies on this
+        # machine's disk; it is a CUDA build, used on the CPU for the conversion alone): ~6 GB in all
+        $v/bin/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
+        $v/bin/python -m pip install --quiet openvino-genai==2026.4.1.0 "optimum-intel[openvino]==2.2.0"
+    fi
+    for m in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do
+        [ -f .peers/hf/$m/config.json ] || $py -m draftwise.cli models export-hf $m .peers/hf/$m --dtype bfloat16
+        [ -f .peers/ov/$m/openvino_model.xml ] || $v/bin/optimum-cli export openvino -m .peers/hf/$m \
+            --task text-generation-with-past --weight-format int4 --sym --group-size 128 .peers/ov/$m
+    done
+    $v/bin/python -c "import openvino_genai as g; print('openvino-genai', g.get_version())" 2>&1 | tail -1
 fi

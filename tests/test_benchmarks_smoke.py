@@ -14,7 +14,7 @@ from draftwise.bench.results import Results
 from draftwise.costs import CostCurve
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
-from draftwise.peers import LLAMA_SERVER, VLLM_SERVE
+from draftwise.peers import LLAMA_SERVER, OV_PYTHON, OV_SERVER, VLLM_SERVE
 from draftwise.planner import Planner
 from draftwise.profile import profile_runner
 from draftwise.prompts import Prompt
@@ -267,6 +267,22 @@ def test_server_bench_commands(capsys):
     assert "ngram8=http://127.0.0.1:8302/v1" in bench
     with pytest.raises(SystemExit, match="expected plain, ngram"):
         server.commands(server.parse_args(["--engine", "vllm", "--configs", "plain", "eagle"]))
+    ov = server.parse_args(["--engine", "openvino", "--model", "qwen2.5-coder-1.5b", "--configs", "draftwise-plain",
+                            "plain", "lookup", "draft8", "draftwise-auto@onnx", "--concurrency", "1"])
+    servers, bench = server.commands(ov)
+    assert list(servers) == ["draftwise-plain", "ov-plain", "ov-lookup", "ov-draft8", "draftwise-auto@onnx"]
+    assert servers["ov-plain"][:2] == [OV_PYTHON, OV_SERVER] and "--prompt-lookup" not in servers["ov-plain"]
+    assert servers["ov-lookup"][-4:] == ["--prompt-lookup", "5", "--port", "8303"]  # OpenVINO's samples' K
+    assert servers["ov-draft8"][servers["ov-draft8"].index("--draft-model") + 1] == ".peers/ov/qwen2.5-coder-0.5b"
+    assert servers["ov-draft8"][servers["ov-draft8"].index("--draft") + 1] == "8"
+    onnx = servers["draftwise-auto@onnx"]
+    assert onnx[onnx.index("--backend") + 1] == "onnx" and onnx[onnx.index("--max-running") + 1] == "1"
+    assert servers["draftwise-plain"][servers["draftwise-plain"].index("--backend") + 1] == "llama.cpp"
+    assert bench[bench.index("--baseline") + 1] == "draftwise-plain" and "ov-lookup=http://127.0.0.1:8303/v1" in bench
+    with pytest.raises(SystemExit, match="expected plain, lookup.K. or draft.K."):
+        server.commands(server.parse_args(["--engine", "openvino", "--configs", "plain", "ngram"]))
+    with pytest.raises(SystemExit, match="may be onnx only"):
+        server.commands(server.parse_args(["--engine", "openvino", "--configs", "plain", "draftwise-auto@torch"]))
 
 
 def test_kernels_linear_on_a_small_layer(capsys):

@@ -206,3 +206,89 @@ def test_plan_for_llama_server_end_to_end(tmp_path):
         assert out["measured"] is not None and (tmp_path / "measured" / "summary.csv").is_file()
     else:
         assert not flags.exists() and out["measured"] is None
+
+
+def ov_server():
+    """scripts/ov_server.py (it runs in OpenVINO's own environment; its HTTP layer needs nothing of it)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("ov_server", Path(__file__).parents[1] / "scripts" / "ov_server.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class ByteEngine:
+    """ov_server's Engine without OpenVINO: tokens are UTF-8 bytes, and the "model" answers the
+    prompt's text upper-cased after "é: ", streamed 1, 2, 3, 1, 2, 3... tokens a step, as a
+    speculative pipeline hands its accepted tokens over (so "é"'s two bytes arrive apart)."""
+
+    def __init__(self, mod):
+        self.mod, self.prompts = mod, []
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(ids).decode("utf-8", "replace")
+
+    def chat_ids(self, messages: list[dict]) -> list[int]:
+        return self.encode("\n".join(m["content"] for m in messages))
+
+    def generate(self, ids: list[int], body: dict, tq) -> None:
+        self.prompts.append(ids)
+        answer = list(("é: " + self.decode(ids).upper()).encode())[:int(body["max_tokens"])]
+        i, step = 0, 1
+        while i < len(answer):
+            tq.put_tokens(answer[i:i + step])
+            i, step = i + step, step % 3 + 1
+        tq.q.put((self.mod.DONE, "length" if len(answer) >= body["max_tokens"] else "stop", len(answer)))
+
+
+def test_a_split_character_waits_for_its_second_byte():
+    mod = ov_server()
+    tq = mod.TokenQueue(lambda ids: bytes(ids).decode("utf-8", "replace"))
+    tq.put_tokens(0xC3)
+    assert tq.q.empty()  # half of "é": nothing sent yet
+    tq.put_tokens([0xA9, ord("!")])
+    assert tq.q.get_nowait() == "é!" and tq.q.empty()
+
+
+def test_the_openvino_server_answers_the_harness_and_the_openai_client():
+    """The wrapper's OpenAI surface, on a byte "model": the harness's streamed completions with
+    token ids, and the openai client's chat, streamed and not; bad input is a 400."""
+    import threading
+
+    import openai
+
+    from draftwise.bench.endpoint import EndpointTarget
+    from draftwise.prompts import Prompt
+
+    mod = ov_server()
+    engine = ByteEngine(mod)
+    srv = mod.serve(engine, "byte-model", "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    try:
+        target = EndpointTarget(url)
+        assert target.model == "byte-model"
+        kw = {"max_tokens": 64, "temperature": 0.0, "top_p": 1.0}
+        rec = target.run_one(Prompt("p1", "code", "abc"), list(b"abc"), kw)
+        assert rec["text"] == "é: ABC" and rec["emitted_tokens"] == 7 and rec["tokens_from"] == "usage"
+        assert rec["finish_reason"] == "stop" and rec["prompt_tokens"] == 3 and engine.prompts[-1] == list(b"abc")
+        cut = target.run_one(Prompt("p2", "code", "abcdef"), list(b"abcdef"), {**kw, "max_tokens": 5})
+        assert cut["text"] == "é: A" and cut["finish_reason"] == "length" and cut["emitted_tokens"] == 5
+        client = openai.OpenAI(base_url=url, api_key="none")
+        msgs = [{"role": "user", "content": "hi"}]
+        whole = client.chat.completions.create(model="byte-model", messages=msgs, max_tokens=32, temperature=0)
+        assert whole.choices[0].message.content == "é: HI" and whole.usage.completion_tokens == 6
+        stream = client.chat.completions.create(model="byte-model", messages=msgs, max_tokens=32, temperature=0,
+                                                stream=True, stream_options={"include_usage": True})
+        chunks = list(stream)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "é: HI"
+        assert chunks[-1].usage.completion_tokens == 6
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+        with pytest.raises(openai.BadRequestError, match="expected a string or a list of token ids"):
+            client.completions.create(model="byte-model", prompt=[[1, 2]], max_tokens=4)
+    finally:
+        srv.shutdown()
+        srv.server_close()
