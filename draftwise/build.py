@@ -164,24 +164,38 @@ def cheapest_target(spec: EngineSpec, log=None) -> tuple[str, str, tuple]:
     """(backend, kernels, the target's (runner, tokenizer) loaded so): of llama.cpp's standard and
     repacked kernels (those spec.kernels allows) and, for backend "auto", ONNX Runtime GenAI, the one
     whose one-sequence forwards of k = 1..8 tokens (KERNEL_KS: what decoding with a drafter runs)
-    take less time in total, measured side by side once per machine (draftwise.profile.cheapest).
-    Prompt processing is not compared (TTFT; docs/usage.md). With onnx chosen, kernels are
-    "repacked" (for a llama.cpp draft model)."""
-    from draftwise.profile import cheapest
+    take less time in total, measured side by side once per machine (draftwise.profile.cheapest);
+    a choice measured before loads its winner alone. Prompt processing is not compared (TTFT;
+    docs/usage.md). With onnx chosen, kernels are "repacked" (for a llama.cpp draft model)."""
+    from draftwise.backends.base import file_identity
+    from draftwise.profile import cheapest, remembered_choice
 
     log = log or (lambda m: print(m, file=sys.stderr))
     kernels = ("standard", "repacked") if spec.kernels == "auto" else (spec.kernels,)
     cands = {f"llama.cpp {k}": ("llama.cpp", k) for k in kernels} | (
         {"onnx": ("onnx", "repacked")} if spec.backend == "auto" else {})
+
+    def load(name: str):
+        b, k = cands[name]
+        return load_runner(spec.target, b, spec.threads, spec.max_context, **_backend_kw(b, spec, kernels=k))
+
+    key = {"names": list(cands), **file_identity(str(resolve(spec.target).path), threads=spec.threads,
+                                                  max_context=spec.max_context)}
+    kept = remembered_choice(key, KERNEL_KS) if len(cands) > 1 else None
+    if kept is not None and kept[0] in cands:
+        log("forwards of 1..8 tokens, measured before: " + ", ".join(f"{n} {t:.0f} ms" for n, t in kept[1].items())
+            + f": {kept[0]}")
+        return *cands[kept[0]], load(kept[0])
     loaded = {}
-    for n, (b, k) in cands.items():
+    for n, (b, _) in cands.items():
         try:
-            loaded[n] = load_runner(spec.target, b, spec.threads, spec.max_context, **_backend_kw(b, spec, kernels=k))
+            loaded[n] = load(n)
         except (RuntimeError, OSError) as e:  # onnx's conversion failed: the run goes on without it
             if b != "onnx":
                 raise
             log(f"backend auto: onnx left out ({str(e).splitlines()[0][:200]})")
-    chosen, ms = cheapest({n: r for n, (r, _) in loaded.items()}, list(KERNEL_KS), log=log)
+    chosen, ms = cheapest({n: r for n, (r, _) in loaded.items()}, list(KERNEL_KS),
+                          key if len(loaded) == len(cands) else None, log=log)
     if len(cands) > 1:
         log("forwards of 1..8 tokens: " + ", ".join(f"{n} {t:.0f} ms" for n, t in ms.items()) + f": {chosen}")
     for n, (r, _) in loaded.items():

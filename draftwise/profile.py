@@ -126,19 +126,20 @@ def profile_runner(runner: ModelRunner, ks: Iterable[int] = range(1, 18),
     return ProfileResult(rows, context_len, runner.backend, repeats, warmup, meta)
 
 
+def machine_identity() -> dict:
+    """What every cached measurement depends on: the machine."""
+    import platform
+
+    return {"machine": platform.machine(), "cpu": cpu_model(), "cores": os.cpu_count()}
+
+
 def runner_identity(runner: ModelRunner) -> dict | None:
     """What a profile depends on besides the machine: backend, model file and settings; None when
     the runner cannot name its model (then its profile is not cached)."""
-    import platform
-
     own = runner.identity()
     if own is None:
         return None
-    return {"backend": runner.backend, "machine": platform.machine(), "cpu": cpu_model(), "cores": os.cpu_count(),
-            **own}
-
-
-# NOTE(untangle): the old name, for plan.py until it imports machine.cpu_model
+    return {"backend": runner.backend, **machine_identity(), **own}
 
 
 # how profile_runner measures, part of a cached profile's key: a curve measured another way is
@@ -146,14 +147,26 @@ def runner_identity(runner: ModelRunner) -> dict | None:
 # torch on 2 EPYC cores its cached 1.5B curve had k = 5 at 1.25x k = 1 where an interleaved
 # measurement, and the running engine, have ~1.03x; docs/design.md, Measured cost curves)
 METHOD = 2
+CHOICE_PASSES = 3  # side-by-side passes of `cheapest`, after one that warms every runner up
+CHOICE_CONTEXT = 256  # the context its forwards run at: the planner's curves' own
+
+
+def _cache_file(kind: str, ident: dict, prefix: str = "") -> Path:
+    """cache_dir()/kind/PREFIXhash.json for an identity (METHOD included by the caller)."""
+    import hashlib
+
+    return cache_dir() / kind / f"{prefix}{hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]}.json"
+
+
+def _busy() -> bool:
+    """Something else ran while this measured (the load average above 1.5x the cores): not cached."""
+    return os.getloadavg()[0] > 1.5 * (os.cpu_count() or 1)
 
 
 def cached_profile(runner: ModelRunner, batch_sizes: Sequence[int] = (1,), ks: Iterable[int] = range(1, 18),
                    context_len: int = 256, repeats: int = 5, log=None) -> ProfileResult:
     """The runner's forward-cost curve, measured once per model, settings, machine and METHOD and
     kept in the cache directory (deleting the file measures it again)."""
-    import hashlib
-
     ks = list(ks)
     context_len = min(context_len, runner.max_context - max(ks))
     ident = runner_identity(runner)
@@ -161,8 +174,7 @@ def cached_profile(runner: ModelRunner, batch_sizes: Sequence[int] = (1,), ks: I
     if ident is not None:
         ident.update(ks=ks, batch_sizes=list(batch_sizes), context_len=context_len, repeats=repeats,
                      method=METHOD)
-        key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
-        path = cache_dir() / "profiles" / f"{runner.backend}-{key}.json"
+        path = _cache_file("profiles", ident, f"{runner.backend}-")
         if path.is_file():
             return ProfileResult.load(path)
     if log and os.getloadavg()[0] > (os.cpu_count() or 1):
@@ -172,8 +184,7 @@ def cached_profile(runner: ModelRunner, batch_sizes: Sequence[int] = (1,), ks: I
         log(f"measuring the forward-cost curve of {ident.get('model') if ident else 'the model'} "
             f"({runner.backend}, k={ks[0]}..{ks[-1]}, batch {list(batch_sizes)}); kept for later runs")
     prof = profile_runner(runner, ks, batch_sizes, context_len, repeats=repeats, warmup=1)
-    busy = os.getloadavg()[0] > 1.5 * (os.cpu_count() or 1)  # this measurement and more besides
-    if path is not None and not busy:
+    if path is not None and not _busy():
         prof.meta["identity"] = ident
         prof.save(path)
     elif path is not None and log:
@@ -182,41 +193,49 @@ def cached_profile(runner: ModelRunner, batch_sizes: Sequence[int] = (1,), ks: I
     return prof
 
 
-def cheapest(runners: dict[str, ModelRunner], ks: Sequence[int], passes: int = 3, context_len: int = 256,
+def _choice_file(key: dict | None, ks: Sequence[int]) -> Path | None:
+    if key is None:
+        return None
+    return _cache_file("choices", {"candidates": key, "ks": list(ks), "passes": CHOICE_PASSES,
+                                   "context_len": CHOICE_CONTEXT, "method": METHOD, **machine_identity()})
+
+
+def remembered_choice(key: dict | None, ks: Sequence[int]) -> tuple[str, dict[str, float]] | None:
+    """(name, ms by name) that `cheapest` measured before for these candidates on this machine;
+    None if it has not (or `key` is None), so the caller loads only the winner of a kept choice."""
+    path = _choice_file(key, ks)
+    if path is None or not path.is_file():
+        return None
+    got = json.loads(path.read_text())
+    return got["chosen"], got["ms"]
+
+
+def cheapest(runners: dict[str, ModelRunner], ks: Sequence[int], key: dict | None = None,
              log=None) -> tuple[str, dict[str, float]]:
     """(name, ms by name): of several runners of one model, the one whose one-sequence forwards of
     `ks` tokens take least time in total (the sum over ks of each k's median). Their curves are
     measured side by side, in passes that take each runner in turn (a curve cached in another
-    sitting of the machine is no measure against one taken now), and the choice is kept in the
-    cache per runners' identities and METHOD; None identities are measured every time."""
-    import hashlib
-
-    idents = {n: runner_identity(r) for n, r in runners.items()}
-    path = None
-    if all(i is not None for i in idents.values()):
-        key = json.dumps({"runners": idents, "ks": list(ks), "context_len": context_len, "passes": passes,
-                          "method": METHOD}, sort_keys=True)
-        path = cache_dir() / "choices" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-        if path.is_file():
-            got = json.loads(path.read_text())
-            return got["chosen"], got["ms"]
+    sitting of the machine is no measure against one taken now). The choice is kept in the cache
+    under `key` (the caller's description of the candidates: read back by remembered_choice before
+    anything is loaded) when the machine was quiet; key None: not kept."""
     if log:
         log(f"measuring {', '.join(runners)} side by side (forwards of {ks[0]}..{ks[-1]} tokens); kept for later runs")
     times: dict[str, dict[int, list[float]]] = {n: {k: [] for k in ks} for n in runners}
-    for rep in range(passes + 1):  # pass 0 warms every runner up
+    for rep in range(CHOICE_PASSES + 1):  # pass 0 warms every runner up
         for n, r in runners.items():
-            res = profile_runner(r, ks, (1,), context_len=min(context_len, r.max_context - max(ks)),
+            res = profile_runner(r, ks, (1,), context_len=min(CHOICE_CONTEXT, r.max_context - max(ks)),
                                  repeats=1, warmup=0, seed=rep)
             if rep:
                 for row in res.rows:
                     times[n][row["k"]].append(row["ms_median"])
     ms = {n: round(sum(statistics.median(v) for v in t.values()), 1) for n, t in times.items()}
     chosen = min(ms, key=ms.get)
-    if path is not None and os.getloadavg()[0] > 1.5 * (os.cpu_count() or 1):  # as cached_profile
+    path = _choice_file(key, ks)
+    if path is not None and _busy():
         path = None
         if log:
             log("not caching the choice: something else ran while it was measured; the next start measures again")
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"chosen": chosen, "ms": ms, "runners": idents, "cpu": cpu_model()}, indent=1) + "\n")
+        path.write_text(json.dumps({"chosen": chosen, "ms": ms, "candidates": key, "cpu": cpu_model()}, indent=1) + "\n")
     return chosen, ms

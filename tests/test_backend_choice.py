@@ -44,6 +44,9 @@ def measured(monkeypatch, tmp_path):
         return SimpleNamespace(rows=[{"batch": 1, "k": k, "ms_median": ms[k - 1] + (seed == 1)} for k in ks])
 
     monkeypatch.setattr(build, "load_runner", load)
+    weights = tmp_path / "target.gguf"
+    weights.write_bytes(b"gguf")
+    monkeypatch.setattr(build, "resolve", lambda spec: SimpleNamespace(path=str(weights)))  # the choice's key
     monkeypatch.setattr(profile, "profile_runner", measure)
     monkeypatch.setattr(profile, "cache_dir", lambda: tmp_path)
     monkeypatch.setattr(profile.os, "getloadavg", lambda: (0.5, 0.0, 0.0))  # a quiet machine: the choice is kept
@@ -69,13 +72,26 @@ def test_auto_takes_the_backend_whose_forwards_of_one_to_eight_tokens_cost_least
     assert [p[2] for p in passes] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
     (saved,) = (tmp_path / "choices").iterdir()
     assert '"chosen": "onnx"' in saved.read_text() and str(sum(ONNX)) in saved.read_text()  # medians, not pass 1's
-    curves[("onnx", None)] = [m + 60 for m in ONNX]  # the cached choice stands: not measured again
-    spec = EngineSpec(backend="auto", drafter="ngram", max_running=1)
-    assert load_target(spec, log=lambda m: None)[0].backend == "onnx" and len(passes) == 12
+    curves[("onnx", None)] = [m + 60 for m in ONNX]  # the cached choice stands: not measured again,
+    spec = EngineSpec(backend="auto", drafter="ngram", max_running=1)  # and its winner alone is loaded
+    assert load_target(spec, log=lambda m: None)[0].backend == "onnx" and len(passes) == 12 and len(loaded) == 4
     saved.unlink()  # measured again: now 898 ms against repacked llama.cpp's 740
     spec = EngineSpec(backend="auto", drafter="ngram", max_running=1)
     runner, _ = load_target(spec, log=lambda m: None)
     assert (spec.backend, spec.kernels, runner.fast) == ("llama.cpp", "repacked", True) and not runner.closed
+    kernels_only = EngineSpec(backend="llama.cpp", drafter="ngram")  # other candidates: another choice
+    assert load_target(kernels_only, log=lambda m: None)[0].fast and len(passes) == 12 + 12 + 8
+
+
+def test_a_choice_is_measured_again_for_another_model_file(measured, tmp_path):
+    import os
+
+    _, loaded, passes = measured
+    load_target(EngineSpec(backend="auto", drafter="ngram", max_running=1), log=lambda m: None)
+    assert len(passes) == 12 and len(loaded) == 3
+    os.utime(tmp_path / "target.gguf", (1, 1))  # the weights file replaced (its mtime moved)
+    load_target(EngineSpec(backend="auto", drafter="ngram", max_running=1), log=lambda m: None)
+    assert len(passes) == 24 and len(loaded) == 6 and len(list((tmp_path / "choices").iterdir())) == 2
 
 
 def test_auto_without_a_drafter_is_the_default_backend_and_a_fixed_backend_is_not_compared(measured):
