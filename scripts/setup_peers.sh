@@ -12,7 +12,7 @@
 #   packaged draft head as an EAGLE-3 checkpoint (`models export-eagle3`) -> .peers/hf/NAME-head-eagle3
 #   openvino: OpenVINO GenAI (pinned) with optimum-intel, its converter, in its own virtual environment
 #   (optimum-intel pins its own transformers) -> .peers/openvino, and the packaged Qwen2.5-Coder models
-#   converted int4 (symmetric, groups of 128) -> .peers/ov/NAME, served by scripts/ov_server.py
+#   converted int4 (symmetric, groups of 128) -> .peers/ov/NAME, served by scripts/genai_server.py
 # Usage: scripts/setup_peers.sh [llama-server] [vllm] [openvino]     (default: llama-server)
 set -euo pipefail
 cd "$(dirname "$0")/.."

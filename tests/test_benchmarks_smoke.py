@@ -14,7 +14,7 @@ from draftwise.bench.results import Results
 from draftwise.costs import CostCurve
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.engine import Engine
-from draftwise.peers import LLAMA_SERVER, OV_PYTHON, OV_SERVER, VLLM_SERVE
+from draftwise.peers import GENAI_SERVER, LLAMA_SERVER, OV_PYTHON, VLLM_SERVE
 from draftwise.planner import Planner
 from draftwise.profile import profile_runner
 from draftwise.prompts import Prompt
@@ -214,7 +214,7 @@ def test_gpu_predict_on_the_saved_curves(capsys):
     assert "head, humaneval: alpha_1..3 = [0.33, 0.34, 0.27]" in out and "head needs alpha >= " in out
 
 
-def test_server_bench_commands(capsys):
+def test_server_bench_commands(capsys, monkeypatch, tmp_path):
     server = driver("server_bench")
     a = server.parse_args(["--configs", "plain", "auto", "8", "--n", "2", "--concurrency", "1", "2", "--port", "9000"])
     servers, bench = server.commands(a)
@@ -271,7 +271,8 @@ def test_server_bench_commands(capsys):
                             "plain", "lookup", "draft8", "draftwise-auto@onnx", "--concurrency", "1"])
     servers, bench = server.commands(ov)
     assert list(servers) == ["draftwise-plain", "ov-plain", "ov-lookup", "ov-draft8", "draftwise-auto@onnx"]
-    assert servers["ov-plain"][:2] == [OV_PYTHON, OV_SERVER] and "--prompt-lookup" not in servers["ov-plain"]
+    assert servers["ov-plain"][:4] == [OV_PYTHON, GENAI_SERVER, "--runtime", "openvino"]
+    assert "--prompt-lookup" not in servers["ov-plain"]
     assert servers["ov-lookup"][-4:] == ["--prompt-lookup", "5", "--port", "8303"]  # OpenVINO's samples' K
     assert servers["ov-draft8"][servers["ov-draft8"].index("--draft-model") + 1] == ".peers/ov/qwen2.5-coder-0.5b"
     assert servers["ov-draft8"][servers["ov-draft8"].index("--draft") + 1] == "8"
@@ -283,6 +284,20 @@ def test_server_bench_commands(capsys):
         server.commands(server.parse_args(["--engine", "openvino", "--configs", "plain", "ngram"]))
     with pytest.raises(SystemExit, match="may be onnx only"):
         server.commands(server.parse_args(["--engine", "openvino", "--configs", "plain", "draftwise-auto@torch"]))
+    import draftwise.models.ort_convert as ort_convert
+    ort = server.parse_args(["--engine", "onnx-genai", "--model", "qwen2.5-coder-1.5b", "--configs", "plain", "ngram",
+                             "ngram6", "--concurrency", "1"])
+    monkeypatch.setattr(ort_convert, "converted_dir", lambda spec: None)
+    with pytest.raises(FileNotFoundError, match="not converted for onnx yet.*--backend onnx"):
+        server.commands(ort)
+    monkeypatch.setattr(ort_convert, "converted_dir", lambda spec: tmp_path)
+    servers = server.commands(ort)[0]
+    assert list(servers) == ["ort-plain", "ort-ngram", "ort-ngram6"]
+    assert servers["ort-plain"][2:6] == ["--runtime", "onnx", "--model", str(tmp_path)]
+    assert servers["ort-ngram"][-9:-2] == ["--ngram", "4", "--draft", "8", "--adaptive", "2", "--chained"]  # its docs'
+    assert servers["ort-ngram6"][-9:-2] == ["--ngram", "4", "--draft", "6", "--adaptive", "0", "--chained"]  # fixed
+    with pytest.raises(SystemExit, match="expected plain or ngram.K."):
+        server.commands(server.parse_args(["--engine", "onnx-genai", "--configs", "plain", "lookup"]))
 
 
 def test_kernels_linear_on_a_small_layer(capsys):

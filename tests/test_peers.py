@@ -208,44 +208,47 @@ def test_plan_for_llama_server_end_to_end(tmp_path):
         assert not flags.exists() and out["measured"] is None
 
 
-def ov_server():
-    """scripts/ov_server.py (it runs in OpenVINO's own environment; its HTTP layer needs nothing of it)."""
+def genai_server():
+    """scripts/genai_server.py (it runs in a runtime's environment; its HTTP layer needs nothing of it)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("ov_server", Path(__file__).parents[1] / "scripts" / "ov_server.py")
+    spec = importlib.util.spec_from_file_location("genai_server", Path(__file__).parents[1] / "scripts" / "genai_server.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-class ByteEngine:
-    """ov_server's Engine without OpenVINO: tokens are UTF-8 bytes, and the "model" answers the
+def byte_engine(mod):
+    """genai_server's Engine on no runtime: tokens are UTF-8 bytes, and the "model" answers the
     prompt's text upper-cased after "é: ", streamed 1, 2, 3, 1, 2, 3... tokens a step, as a
-    speculative pipeline hands its accepted tokens over (so "é"'s two bytes arrive apart)."""
+    speculative runtime hands its accepted tokens over (so "é"'s two bytes arrive apart)."""
 
-    def __init__(self, mod):
-        self.mod, self.prompts = mod, []
+    class ByteEngine(mod.Engine):
+        def __init__(self):
+            super().__init__()
+            self.prompts = []
 
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode())
+        def encode(self, text: str) -> list[int]:
+            return list(text.encode())
 
-    def decode(self, ids: list[int]) -> str:
-        return bytes(ids).decode("utf-8", "replace")
+        def decode(self, ids: list[int]) -> str:
+            return bytes(ids).decode("utf-8", "replace")
 
-    def chat_ids(self, messages: list[dict]) -> list[int]:
-        return self.encode("\n".join(m["content"] for m in messages))
+        def chat_ids(self, messages: list[dict]) -> list[int]:
+            return self.encode("\n".join(m["content"] for m in messages))
 
-    def generate(self, ids: list[int], body: dict, tq) -> None:
-        self.prompts.append(ids)
-        answer = list(("é: " + self.decode(ids).upper()).encode())[:int(body["max_tokens"])]
-        i, step = 0, 1
-        while i < len(answer):
-            tq.put_tokens(answer[i:i + step])
-            i, step = i + step, step % 3 + 1
-        tq.q.put((self.mod.DONE, "length" if len(answer) >= body["max_tokens"] else "stop", len(answer)))
+        def run(self, ids: list[int], body: dict, max_tokens: int, tq) -> None:
+            self.prompts.append(ids)
+            answer = list(("é: " + self.decode(ids).upper()).encode())[:max_tokens]
+            i, step = 0, 1
+            while i < len(answer):
+                tq.put_tokens(answer[i:i + step])
+                i, step = i + step, step % 3 + 1
+
+    return ByteEngine()
 
 
 def test_a_split_character_waits_for_its_second_byte():
-    mod = ov_server()
+    mod = genai_server()
     tq = mod.TokenQueue(lambda ids: bytes(ids).decode("utf-8", "replace"))
     tq.put_tokens(0xC3)
     assert tq.q.empty()  # half of "é": nothing sent yet
@@ -253,9 +256,9 @@ def test_a_split_character_waits_for_its_second_byte():
     assert tq.q.get_nowait() == "é!" and tq.q.empty()
 
 
-def test_the_openvino_server_answers_the_harness_and_the_openai_client():
+def test_the_runtime_server_answers_the_harness_and_the_openai_client():
     """The wrapper's OpenAI surface, on a byte "model": the harness's streamed completions with
-    token ids, and the openai client's chat, streamed and not; bad input is a 400."""
+    token ids, and the openai client's chat, streamed and not; bad input is a 400; its counts."""
     import threading
 
     import openai
@@ -263,8 +266,8 @@ def test_the_openvino_server_answers_the_harness_and_the_openai_client():
     from draftwise.bench.endpoint import EndpointTarget
     from draftwise.prompts import Prompt
 
-    mod = ov_server()
-    engine = ByteEngine(mod)
+    mod = genai_server()
+    engine = byte_engine(mod)
     srv = mod.serve(engine, "byte-model", "127.0.0.1", 0)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
@@ -289,6 +292,7 @@ def test_the_openvino_server_answers_the_harness_and_the_openai_client():
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
         with pytest.raises(openai.BadRequestError, match="expected a string or a list of token ids"):
             client.completions.create(model="byte-model", prompt=[[1, 2]], max_tokens=4)
+        assert engine.counts == {"requests": 4, "prompt_tokens": 3 + 6 + 2 + 2, "generation_tokens": 7 + 5 + 6 + 6}
     finally:
         srv.shutdown()
         srv.server_close()

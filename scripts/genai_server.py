@@ -1,18 +1,23 @@
-"""OpenVINO GenAI's LLMPipeline behind a minimal OpenAI-compatible server, so that draftwise's
-harness (`bench --endpoint`, benchmarks/server_bench.py --engine openvino) measures it as it
-measures llama-server and vLLM. OpenVINO's own server (OVMS) is not on PyPI; this is the thinnest
-wrapper over the Python API users call: one pipeline, one request at a time (LLMPipeline runs one
-generation at a time), greedy or sampled, streamed as server-sent events.
+"""OpenVINO GenAI's LLMPipeline or ONNX Runtime GenAI's Generator behind a minimal OpenAI-compatible
+server, so that draftwise's harness (`bench --endpoint`, benchmarks/server_bench.py --engine openvino
+| onnx-genai) measures each runtime's own speculation as it measures llama-server and vLLM. Neither
+runtime's server is on PyPI (OpenVINO Model Server, Foundry Local); this is the thinnest wrapper over
+the Python API users call: one model, one request at a time (both generate one sequence at a time
+here), greedy or sampled, streamed as server-sent events.
 
-Runs in the peer's own environment (scripts/setup_peers.sh openvino -> .peers/openvino), stdlib
-besides openvino_genai, and never imports draftwise:
+Runs in the runtime's environment (OpenVINO: .peers/openvino, scripts/setup_peers.sh openvino; ONNX
+Runtime GenAI: draftwise's own with the onnx extra), stdlib besides the runtime, never importing
+draftwise:
 
-    .peers/openvino/bin/python scripts/ov_server.py --model .peers/ov/qwen2.5-coder-1.5b \
+    .peers/openvino/bin/python scripts/genai_server.py --runtime openvino --model .peers/ov/qwen2.5-coder-1.5b \
         [--prompt-lookup K | --draft-model .peers/ov/qwen2.5-coder-0.5b --draft K] --port 8301
+    .venv/bin/python scripts/genai_server.py --runtime onnx --model ~/.cache/draftwise/onnx/NAME \
+        [--ngram N --draft K [--adaptive K0] [--chained]] --port 8302
 
-Speculation is OpenVINO GenAI's own: `prompt_lookup=True` with `num_assistant_tokens=K` and
-`max_ngram_size` (its prompt lookup), or `draft_model=` with `num_assistant_tokens=K` (its draft-model
-speculative decoding). Routes: GET /health, /v1/models, /metrics (request and token counts),
+Speculation is the runtime's own. OpenVINO GenAI: `prompt_lookup=True` with `num_assistant_tokens=K`
+and `max_ngram_size` (its prompt lookup), or `draft_model=` with `num_assistant_tokens=K`. ONNX Runtime
+GenAI: its n-gram decoding (`set_speculative_options`: `ngram_size`, `max_draft_tokens`, its chained
+lookup and adaptive width). Routes: GET /health, /v1/models, /metrics (request and token counts),
 POST /v1/completions (prompt: text or token ids), /v1/chat/completions (the model's chat template).
 """
 from __future__ import annotations
@@ -63,12 +68,36 @@ def make_streamer(tq: TokenQueue):
 
 
 class Engine:
-    """One LLMPipeline (with OpenVINO GenAI's speculation if asked) and a lock: one generation at a
-    time. `generate(ids, body, tq)` fills the queue and ends it with (finish_reason, n_tokens)."""
+    """One model and a lock: one generation at a time. `generate(ids, body, tq)` fills the queue
+    through the runtime's `run` and ends it with (DONE, finish_reason or the error, tokens)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.counts = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
+
+    def run(self, ids: list[int], body: dict, max_tokens: int, tq: TokenQueue) -> None: ...
+
+    def generate(self, ids: list[int], body: dict, tq: TokenQueue) -> None:
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        with self.lock:
+            try:
+                self.run(ids, body, max_tokens, tq)
+                n = len(tq.ids)
+                self.counts["requests"] += 1
+                self.counts["prompt_tokens"] += len(ids)
+                self.counts["generation_tokens"] += n
+                tq.q.put((DONE, "length" if n >= max_tokens else "stop", n))
+            except Exception as e:  # reported to the client as the stream's error
+                tq.q.put((DONE, e, len(tq.ids)))
+
+
+class OpenVinoEngine(Engine):
+    """OpenVINO GenAI's LLMPipeline, with its prompt lookup or draft-model speculation if asked."""
 
     def __init__(self, model: str, device: str = "CPU", prompt_lookup: int = 0, draft_model: str | None = None,
                  draft: int = 0, max_ngram: int = 3):
         import openvino_genai as ov_genai
+        super().__init__()
         kw = {}
         if prompt_lookup and draft_model:
             raise SystemExit("choose one of --prompt-lookup and --draft-model")
@@ -80,8 +109,6 @@ class Engine:
         self.tokenizer = self.pipe.get_tokenizer()
         self.k = prompt_lookup or (draft if draft_model else 0)
         self.max_ngram = max_ngram if prompt_lookup else 0  # prompt lookup's alone
-        self.lock = threading.Lock()
-        self.counts = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
 
     def encode(self, text: str) -> list[int]:
         return [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False).input_ids.data[0]]
@@ -92,9 +119,11 @@ class Engine:
     def chat_ids(self, messages: list[dict]) -> list[int]:
         return self.encode(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
 
-    def config(self, body: dict):
+    def run(self, ids: list[int], body: dict, max_tokens: int, tq: TokenQueue) -> None:
+        import numpy as np
+        import openvino as ov
         cfg = self.pipe.get_generation_config()
-        cfg.max_new_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        cfg.max_new_tokens = max_tokens
         t = float(body.get("temperature", 1.0))
         cfg.do_sample = t > 0
         if t > 0:
@@ -106,22 +135,51 @@ class Engine:
             cfg.num_assistant_tokens = self.k
             if self.max_ngram:
                 cfg.max_ngram_size = self.max_ngram
-        return cfg
+        self.pipe.generate(ov.Tensor(np.array([ids], dtype=np.int64)), cfg, make_streamer(tq))
 
-    def generate(self, ids: list[int], body: dict, tq: TokenQueue) -> None:
+
+class OnnxEngine(Engine):
+    """ONNX Runtime GenAI's Generator, with its n-gram decoding if asked (`ngram` > 0: the last
+    ngram-1 tokens matched; `draft`: max_draft_tokens; `adaptive`: min_adaptive_k, its width
+    controller's start and floor; `chained`: ngram_chained_lookup)."""
+
+    def __init__(self, model: str, ngram: int = 0, draft: int = 4, adaptive: int = 0, chained: bool = False):
+        import onnxruntime_genai as og
+        super().__init__()
+        self.og, self.model = og, og.Model(model)
+        self.tokenizer = og.Tokenizer(self.model)
+        self.spec = {"ngram_size": ngram, "max_draft_tokens": draft, "ngram_chained_lookup": chained,
+                     "min_adaptive_k": adaptive} if ngram else None
+
+    def encode(self, text: str) -> list[int]:
+        return [int(t) for t in self.tokenizer.encode(text)]
+
+    def decode(self, ids: list[int]) -> str:
         import numpy as np
-        import openvino as ov
-        cfg = self.config(body)
-        with self.lock:
-            try:
-                self.pipe.generate(ov.Tensor(np.array([ids], dtype=np.int64)), cfg, make_streamer(tq))
-                n = len(tq.ids)
-                self.counts["requests"] += 1
-                self.counts["prompt_tokens"] += len(ids)
-                self.counts["generation_tokens"] += n
-                tq.q.put((DONE, "length" if n >= cfg.max_new_tokens else "stop", n))
-            except Exception as e:  # reported to the client as the stream's error
-                tq.q.put((DONE, e, len(tq.ids)))
+        return self.tokenizer.decode(np.array(ids, dtype=np.int32))
+
+    def chat_ids(self, messages: list[dict]) -> list[int]:
+        return self.encode(self.tokenizer.apply_chat_template(json.dumps(messages), add_generation_prompt=True))
+
+    def run(self, ids: list[int], body: dict, max_tokens: int, tq: TokenQueue) -> None:
+        import numpy as np
+        params = self.og.GeneratorParams(self.model)
+        t = float(body.get("temperature", 1.0))
+        opts = {"max_length": len(ids) + max_tokens, "do_sample": t > 0}
+        if t > 0:
+            opts.update(temperature=t, top_p=float(body.get("top_p", 1.0)), top_k=int(body.get("top_k") or 0))
+            if body.get("seed") is not None:
+                opts["random_seed"] = int(body["seed"])
+        params.set_search_options(**opts)
+        if self.spec:
+            params.set_speculative_options(**self.spec)
+        gen = self.og.Generator(self.model, params)
+        gen.append_tokens(np.array([ids], dtype=np.int32))
+        while not gen.is_done():
+            gen.generate_next_token()
+            new = gen.get_sequence(0)[len(ids) + len(tq.ids):]
+            if len(new) and tq.put_tokens([int(x) for x in new]):
+                break
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -165,7 +223,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(400, {"error": {"message": str(e), "type": "invalid_request_error"}})
         tq = TokenQueue(self.engine.decode)
         threading.Thread(target=self.engine.generate, args=(ids, body, tq), daemon=True).start()
-        rid, created = f"ov-{time.monotonic_ns()}", int(time.time())
+        rid, created = f"genai-{time.monotonic_ns()}", int(time.time())
         kind = "chat.completion" if chat else "text_completion"
         if body.get("stream"):
             return self._stream(tq, chat, rid, created, kind, len(ids))
@@ -246,20 +304,29 @@ def serve(engine: Engine, name: str, host: str, port: int) -> ThreadingHTTPServe
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="an OpenVINO model directory (optimum-cli export openvino)")
+    ap.add_argument("--runtime", choices=["openvino", "onnx"], required=True)
+    ap.add_argument("--model", required=True,
+                    help="the runtime's model directory (optimum-cli export openvino; the onnxruntime-genai builder)")
     ap.add_argument("--name", default=None, help="the model's name in /v1/models (default: the directory's)")
-    ap.add_argument("--device", default="CPU")
-    ap.add_argument("--prompt-lookup", type=int, default=0, metavar="K", help="OpenVINO GenAI's prompt lookup, K tokens a step")
-    ap.add_argument("--max-ngram", type=int, default=3, help="prompt lookup's longest n-gram matched")
-    ap.add_argument("--draft-model", default=None, help="a draft model's OpenVINO directory (speculative decoding)")
-    ap.add_argument("--draft", type=int, default=5, metavar="K", help="the draft model's tokens a step")
+    ap.add_argument("--device", default="CPU", help="openvino: its device")
+    ap.add_argument("--prompt-lookup", type=int, default=0, metavar="K", help="openvino: its prompt lookup, K tokens a step")
+    ap.add_argument("--max-ngram", type=int, default=3, help="openvino: prompt lookup's longest n-gram matched")
+    ap.add_argument("--draft-model", default=None, help="openvino: a draft model's directory (speculative decoding)")
+    ap.add_argument("--draft", type=int, default=5, metavar="K",
+                    help="tokens a step: openvino's draft model; onnx's max_draft_tokens")
+    ap.add_argument("--ngram", type=int, default=0, metavar="N", help="onnx: its n-gram decoding, ngram_size N (2..16)")
+    ap.add_argument("--adaptive", type=int, default=0, metavar="K0", help="onnx: min_adaptive_k (0: a fixed width)")
+    ap.add_argument("--chained", action="store_true", help="onnx: ngram_chained_lookup")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     a = ap.parse_args(argv)
-    engine = Engine(a.model, a.device, a.prompt_lookup, a.draft_model, a.draft, a.max_ngram)
+    if a.runtime == "openvino":
+        engine = OpenVinoEngine(a.model, a.device, a.prompt_lookup, a.draft_model, a.draft, a.max_ngram)
+    else:
+        engine = OnnxEngine(a.model, a.ngram, a.draft, a.adaptive, a.chained)
     name = a.name or a.model.rstrip("/").rsplit("/", 1)[-1]
     server = serve(engine, name, a.host, a.port)
-    print(f"ov_server: {name} on http://{a.host}:{a.port}/v1", flush=True)
+    print(f"genai_server ({a.runtime}): {name} on http://{a.host}:{a.port}/v1", flush=True)
     server.serve_forever()
 
 
