@@ -4,6 +4,7 @@ import html
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -462,6 +463,25 @@ def test_baseline_nondeterminism_is_a_mismatch_too():
              "token_ids": ids} for i, ids in enumerate([[1, 2, 3], [1, 2, 3], [1, 2, 4]])]
     mism, checked = find_mismatches(recs, "plain")
     assert checked == 2 and [(m.repeat, m.position, m.baseline, m.other) for m in mism] == [(2, 2, 3, 4)]
+
+
+def test_a_row_on_another_backend_is_checked_against_plain_decoding_there():
+    """plain@onnx (a converted model) differs from llama.cpp plain at token 1; ngram:4@onnx equals
+    plain@onnx, so it is exact; ngram:4 on the baseline's backend is still checked against the
+    baseline, and a backend without its own plain row falls back to the baseline."""
+    def rec(key, config, ids):
+        return {"key": key, "prompt_id": "p", "config": config, "repeat": 0, "concurrency": 1, "order": len(key),
+                "token_ids": ids}
+
+    recs = [rec("a", "plain", [1, 2, 3]), rec("bb", "plain@onnx", [1, 5, 6]), rec("ccc", "ngram:4@onnx", [1, 5, 6]),
+            rec("dddd", "ngram:4", [1, 2, 3]), rec("eeeee", "ngram:4@torch", [1, 5, 6])]
+    mism, checked = find_mismatches(recs, "plain")
+    assert checked == 4 and [(m.config, m.reference_key, m.position) for m in mism] == [
+        ("plain@onnx", "a", 1), ("ngram:4@torch", "a", 1)]
+    recs[2]["token_ids"] = [1, 5, 7]  # a speculative row unlike its own backend's plain decoding
+    assert [(m.config, m.reference_key, m.position) for m in find_mismatches(recs, "plain")[0]][1] == ("ngram:4@onnx", "bb", 2)
+    s = Summary({}, {}, [], "plain", 4, [], [SimpleNamespace(config=c) for c in ("plain", "plain@onnx", "ngram:4@onnx")])
+    assert check_text(s) == "output check: all 4 outputs identical to the baseline (plain; rows on another backend: its plain, plain@onnx)"
 
 
 def test_text_outputs_are_compared_by_character():

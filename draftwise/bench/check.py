@@ -2,7 +2,10 @@
 
 Each request is compared with the baseline's output for the same prompt in the same repeat and
 concurrency (else the baseline's first); the baseline's own repeats are compared with its first,
-so a nondeterministic baseline shows up too. Servers return token ids only if they are draftwise's
+so a nondeterministic baseline shows up too. A configuration on another backend (`NAME@B`) is
+compared with plain decoding on that backend (`plain@B`) where the run has it: speculation is exact
+against its own model, and a converted model moves near-ties of its own; `plain@B` itself is
+compared with the baseline (what the conversion changed). Servers return token ids only if they are draftwise's
 (`return_token_ids`); with logprobs (asked for at temperature 0) they return each token's text and
 top-2 logprobs, so outputs are compared token by token (by the tokens' text) and the margin at a
 divergence is top-1 minus top-2 logprob — the same as the logit margin, since both logprobs share
@@ -39,14 +42,26 @@ class Mismatch:
         return asdict(self)
 
 
-def _reference(requests: list[dict], baseline: str) -> tuple[dict, dict]:
-    same, first = {}, {}
+def reference_config(config: str, baseline: str, configs: set[str]) -> str:
+    """The configuration `config`'s outputs are compared with: `plain@B` for `NAME@B` (NAME not
+    plain, B not the baseline's backend) where the run has it, else the baseline (plain@B's own)."""
+    name, at, backend = config.rpartition("@")
+    own = f"plain@{backend}"
+    if at and name != "plain" and own in configs and not baseline.endswith(f"@{backend}"):
+        return own
+    return baseline
+
+
+def _reference(requests: list[dict], baseline: str) -> dict[str, tuple[dict, dict]]:
+    """By reference configuration: (its rows by (prompt, repeat, concurrency), its first row by prompt)."""
+    configs = {r["config"] for r in requests}
+    refs = {c: ({}, {}) for c in {reference_config(c, baseline, configs) for c in configs}}
     for r in sorted(requests, key=lambda r: r.get("order", 0)):
-        if r["config"] != baseline:
-            continue
-        same.setdefault((r["prompt_id"], r["repeat"], r["concurrency"]), r)
-        first.setdefault(r["prompt_id"], r)
-    return same, first
+        if r["config"] in refs:
+            same, first = refs[r["config"]]
+            same.setdefault((r["prompt_id"], r["repeat"], r["concurrency"]), r)
+            first.setdefault(r["prompt_id"], r)
+    return refs
 
 
 def compare_outputs(ref: dict, r: dict) -> tuple[str, int, object, object] | None:
@@ -66,11 +81,14 @@ def compare_outputs(ref: dict, r: dict) -> tuple[str, int, object, object] | Non
 def find_mismatches(requests: list[dict], baseline: str, divergences: dict[str, dict] | None = None
                     ) -> tuple[list[Mismatch], int]:
     """(mismatches, number of outputs checked). `divergences` adds margins by request key."""
-    same, first = _reference(requests, baseline)
+    refs = _reference(requests, baseline)
+    configs = {r["config"] for r in requests}
     out, checked = [], 0
     for r in sorted(requests, key=lambda r: r.get("order", 0)):
         key = (r["prompt_id"], r["repeat"], r["concurrency"])
-        ref = first.get(r["prompt_id"]) if r["config"] == baseline else same.get(key, first.get(r["prompt_id"]))
+        rc = reference_config(r["config"], baseline, configs)
+        same, first = refs[rc]
+        ref = first.get(r["prompt_id"]) if r["config"] == rc else same.get(key, first.get(r["prompt_id"]))
         if ref is None or ref is r:
             continue
         checked += 1

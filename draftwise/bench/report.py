@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from draftwise.bench.check import Mismatch
+from draftwise.bench.check import Mismatch, reference_config
 from draftwise.bench.goal import parse_goal
 from draftwise.bench.page import CSS, Raw, image, plain, sparkline, table
 from draftwise.bench.plots import figures, speedup_chart
@@ -105,13 +105,16 @@ def check_text(s: Summary) -> str:
     """The output check in one line: how many outputs differ, how many of those at near-ties, the largest margin."""
     if s.checked is None:
         return "output check: not done (temperature > 0: outputs differ by design)"
+    configs = {r.config for r in s.rows}
+    own = sorted({reference_config(c, s.baseline, configs) for c in configs} - {s.baseline})
+    base = s.baseline + (f"; rows on another backend: its plain, {', '.join(own)}" if own else "")
     if not s.mismatches:
-        return f"output check: all {s.checked} outputs identical to the baseline ({s.baseline})"
+        return f"output check: all {s.checked} outputs identical to the baseline ({base})"
     near, larger, unknown, top = _counts(s.mismatches)
     parts = [f"{near} at near-ties (top-2 margin ≤ {NEAR_TIE:g})"] + \
         ([f"{larger} with a larger margin"] if larger else []) + ([f"{unknown} without a margin"] if unknown else [])
     largest = "" if top is None else f"; largest margin {top:.3g}"
-    return (f"output check: {len(s.mismatches)} of {s.checked} outputs DIFFER from the baseline ({s.baseline}): "
+    return (f"output check: {len(s.mismatches)} of {s.checked} outputs DIFFER from the baseline ({base}): "
             f"{', '.join(parts)}{largest}")
 
 

@@ -162,17 +162,22 @@ def _warm_up(cfg: BenchConfig, targets: dict, prompt: Prompt, ids: list[int]) ->
 
 def _margins(cfg: BenchConfig, targets: dict, res: Results, prompts: dict[str, tuple[Prompt, list[int]]],
              out) -> None:
-    """For each new divergence from the baseline, the target's top-2 margin there: near zero means
+    """For each new divergence from its reference (the baseline, or plain decoding on the row's
+    backend: check.reference_config), the reference target's top-2 margin there: near zero means
     a rounding difference between batched and single-token forwards can flip the token (for a
-    constrained row, among the tokens its grammar allows there)."""
+    constrained row, among the tokens its grammar allows there). A row on another backend than its
+    reference's (plain@onnx against llama.cpp plain) gets none: it diverges where the conversion
+    moved the model, not by rounding, and replaying it token by token would be slow for nothing."""
     from draftwise.compare import divergence_report
 
-    base = targets[cfg.baseline]
     mismatches, _ = find_mismatches(list(res.requests.values()), cfg.baseline, res.divergences)
     for m in mismatches:
         if m.key in res.divergences or m.prompt_id not in prompts or m.unit != "token":
             continue
         r, ref = res.requests[m.key], res.requests[m.reference_key]
+        base = targets[ref["config"]]
+        if targets[r["config"]].engine.target.backend != base.engine.target.backend:
+            continue
         prompt, ids = prompts[m.prompt_id]
         grammar = base.grammars(prompt.response_format) if prompt.response_format else None
         d = divergence_report(base.engine.target, ids, ref["token_ids"], r["token_ids"], grammar)
