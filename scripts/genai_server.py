@@ -69,7 +69,9 @@ def make_streamer(tq: TokenQueue):
 
 class Engine:
     """One model and a lock: one generation at a time. `generate(ids, body, tq)` fills the queue
-    through the runtime's `run` and ends it with (DONE, finish_reason or the error, tokens)."""
+    through the runtime's `run` and ends it with (DONE, finish_reason or the error, tokens).
+    `counts` are served at /metrics as Prometheus counters named PREFIX:NAME_total."""
+    prefix = "genai"
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -93,6 +95,7 @@ class Engine:
 
 class OpenVinoEngine(Engine):
     """OpenVINO GenAI's LLMPipeline, with its prompt lookup or draft-model speculation if asked."""
+    prefix = "openvino"
 
     def __init__(self, model: str, device: str = "CPU", prompt_lookup: int = 0, draft_model: str | None = None,
                  draft: int = 0, max_ngram: int = 3):
@@ -141,7 +144,12 @@ class OpenVinoEngine(Engine):
 class OnnxEngine(Engine):
     """ONNX Runtime GenAI's Generator, with its n-gram decoding if asked (`ngram` > 0: the last
     ngram-1 tokens matched; `draft`: max_draft_tokens; `adaptive`: min_adaptive_k, its width
-    controller's start and floor; `chained`: ngram_chained_lookup)."""
+    controller's start and floor; `chained`: ngram_chained_lookup). Its speculative statistics
+    are served in vLLM's and llama-server's counter names (rounds, proposed and accepted tokens),
+    which the harness reads (draftwise.bench.endpoint)."""
+    prefix = "onnxgenai"
+    STATS = {"rounds": "spec_decode_num_drafts", "draft_tokens_proposed": "spec_decode_num_draft_tokens",
+             "draft_tokens_accepted": "spec_decode_num_accepted_tokens"}
 
     def __init__(self, model: str, ngram: int = 0, draft: int = 4, adaptive: int = 0, chained: bool = False):
         import onnxruntime_genai as og
@@ -180,6 +188,10 @@ class OnnxEngine(Engine):
             new = gen.get_sequence(0)[len(ids) + len(tq.ids):]
             if len(new) and tq.put_tokens([int(x) for x in new]):
                 break
+        if self.spec:
+            stats = gen.get_speculative_stats()
+            for theirs, ours in self.STATS.items():
+                self.counts[ours] = self.counts.get(ours, 0) + int(stats.get(theirs, 0))
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -204,7 +216,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/v1/models":
             return self._json(200, {"object": "list", "data": [{"id": self.name, "object": "model"}]})
         if self.path == "/metrics":
-            text = "".join(f"openvino:{k}_total {v}\n" for k, v in self.engine.counts.items()).encode()
+            text = "".join(f"{self.engine.prefix}:{k}_total {v}\n" for k, v in self.engine.counts.items()).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(text)))

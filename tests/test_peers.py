@@ -220,9 +220,13 @@ def genai_server():
 def byte_engine(mod):
     """genai_server's Engine on no runtime: tokens are UTF-8 bytes, and the "model" answers the
     prompt's text upper-cased after "é: ", streamed 1, 2, 3, 1, 2, 3... tokens a step, as a
-    speculative runtime hands its accepted tokens over (so "é"'s two bytes arrive apart)."""
+    speculative runtime hands its accepted tokens over (so "é"'s two bytes arrive apart), each
+    step counted as a round whose tokens but the last were accepted drafts, under ONNX Runtime
+    GenAI's counter prefix."""
 
     class ByteEngine(mod.Engine):
+        prefix = "onnxgenai"
+
         def __init__(self):
             super().__init__()
             self.prompts = []
@@ -242,6 +246,10 @@ def byte_engine(mod):
             i, step = 0, 1
             while i < len(answer):
                 tq.put_tokens(answer[i:i + step])
+                for name, n in (("drafts", 1), ("draft_tokens", len(answer[i:i + step])),
+                                ("accepted_tokens", len(answer[i:i + step]) - 1)):
+                    key = f"spec_decode_num_{name}"
+                    self.counts[key] = self.counts.get(key, 0) + n
                 i, step = i + step, step % 3 + 1
 
     return ByteEngine()
@@ -292,7 +300,10 @@ def test_the_runtime_server_answers_the_harness_and_the_openai_client():
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
         with pytest.raises(openai.BadRequestError, match="expected a string or a list of token ids"):
             client.completions.create(model="byte-model", prompt=[[1, 2]], max_tokens=4)
-        assert engine.counts == {"requests": 4, "prompt_tokens": 3 + 6 + 2 + 2, "generation_tokens": 7 + 5 + 6 + 6}
+        counts = {k: engine.counts[k] for k in ("requests", "prompt_tokens", "generation_tokens")}
+        assert counts == {"requests": 4, "prompt_tokens": 3 + 6 + 2 + 2, "generation_tokens": 7 + 5 + 6 + 6}
+        c = target.counters()  # steps of 1, 2, 3, 1 / 1, 2, 2 / 1, 2, 3 / 1, 2, 3 tokens
+        assert (c["engine"], c["drafts"], c["draft_tokens"], c["accepted"]) == ("onnxruntime-genai", 13, 24, 11)
     finally:
         srv.shutdown()
         srv.server_close()

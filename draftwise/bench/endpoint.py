@@ -26,7 +26,8 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 # llama-server's (`--metrics`) differ only in their prefix
 WORDS = {"spec_decode_num_drafts": "drafts", "spec_decode_num_draft_tokens": "draft_tokens",
          "spec_decode_num_accepted_tokens": "accepted", "spec_decode_num_accepted_tokens_per_pos": "per_pos"}
-ENGINES = {"vllm": "vllm", "llamacpp": "llama.cpp"}  # prefix -> engine
+# prefix -> engine (onnxgenai: ONNX Runtime GenAI's own statistics as scripts/genai_server.py serves them)
+ENGINES = {"vllm": "vllm", "llamacpp": "llama.cpp", "onnxgenai": "onnxruntime-genai"}
 # draftwise's server also counts proposals per position (its D varies by request and round)
 PROPOSED_PER_POS = "draftwise:spec_decode_num_proposed_tokens_per_pos"
 
