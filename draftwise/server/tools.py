@@ -27,8 +27,8 @@ from draftwise.grammar import format_schema as grammar_format_schema
 
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
 OPEN, CLOSE = "<tool_call>", "</tool_call>"  # as draftwise.tokenizer.Tokenizer.tool_call_tokens finds them
-FENCE_OPEN = "```json\n"  # a call's JSON in a fenced block, as small models write one under "auto"
-FENCED = re.compile(r"```json\n(.*)\n```", re.S)
+FENCE_OPEN, FENCE_CLOSE = "```json\n", "\n```"  # a call's JSON in a fenced block, as small models write one under "auto"
+FENCED = re.compile(re.escape(FENCE_OPEN) + "(.*)" + re.escape(FENCE_CLOSE), re.S)
 
 
 class BadRequest(ValueError):
@@ -116,7 +116,7 @@ def tool_grammar(tools: list[Tool], choice: str | Tool, open_id: int, close_id: 
     # small models often write a call's JSON without its tags, bare or in a ```json block: those
     # too, held to the tools' schemas; text may open with neither (nor with a tag)
     bare = f"bare: %json {_laid_out(one)}\n"
-    fenced = f'fenced: "```json\\n" %json {_laid_out(one)} "\\n```" "\\n"?\n'  # FENCE_OPEN, then its close
+    fenced = f'fenced: {json.dumps(FENCE_OPEN)} %json {_laid_out(one)} {json.dumps(FENCE_CLOSE)} "\\n"?\n'
     return "start: calls | bare | fenced | TEXT\n" + calls + bare + fenced + f"TEXT: /{_not_opening(FENCE_OPEN + '{')}/\n"
 
 
