@@ -73,10 +73,9 @@ def check_constraint(target, grammar) -> None:
                          f"{target.vocab_size}: compile it with Grammars(tokenizer, target.vocab_size)")
 
 
-def first_row(st, row: torch.Tensor) -> torch.Tensor:  # [1, V]
-    """The prefill's last row as the first token is drawn from it: under the request's grammar
-    (whose state starts here, as `st.constraint`), masked like every verified row."""
-    if st.req.constraint is None:
+def first_row(constraint, row: torch.Tensor) -> torch.Tensor:  # [1, V]
+    """The prefill's last row as the first token is drawn from it: under a grammar (its state at
+    the output's start; None: free text), masked like every verified row."""
+    if constraint is None:
         return row
-    st.constraint = st.req.constraint.start()
-    return mask_logits(row, st.constraint.allowed()[None])
+    return mask_logits(row, constraint.allowed()[None])

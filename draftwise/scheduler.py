@@ -218,11 +218,11 @@ class Scheduler:
             self.drafter.predict(st.key, req.prediction or [], len(req.prompt_ids))
         st.out = OutputTracker(self.tokenizer, req.max_tokens, req.stop)
         st.gen = None if p.greedy else p.generator()
+        st.constraint = req.constraint.start() if req.constraint is not None else None
         t = time.perf_counter()
         if logits is None:
-            # a head reads the prompt's features only where they come free with the forward
-            # (torch: all of them); on llama.cpp they would cost the prefill work per prompt row,
-            # so the head starts from the first step's (DraftHead drafter's `ready`)
+            # a head reads the prompt's features only where they come free (torch); on llama.cpp they
+            # would cost prefill work per prompt row: the head starts from the first step's (`ready`)
             new = req.prompt_ids[st.stats.cached_tokens:]
             logits, feats = self.verifier.forward([st.seq], [new], [1])[0]
             logits = logits[-1:]  # [1, V]
@@ -231,7 +231,7 @@ class Scheduler:
             dt = time.perf_counter() - t
             self.observer.forward("prefill", 1, len(new), dt)
             self.observer.phase("prefill", dt)
-        row = first_row(st, logits[-1:])  # [1, V]: under a grammar, masked and its state started
+        row = first_row(st.constraint, logits[-1:])  # [1, V]: under a grammar, masked
         first = int(argmax(row[-1])) if p.greedy else sample(warp(row, p)[0], st.gen)
         if st.constraint is not None:
             st.constraint.advance([first])
