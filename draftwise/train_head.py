@@ -31,7 +31,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from draftwise.head_text import answers, local_texts
 from draftwise.models.head import DraftHead, HeadConfig, new_head, save_head

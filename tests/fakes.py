@@ -2,7 +2,7 @@
 tests: logits depend on the last token only."""
 import torch
 
-from draftwise.backends.base import KVState, padded_parts
+from draftwise.backends.base import KVState, Weights, padded_parts
 from draftwise.drafters.base import Proposal
 
 
@@ -23,6 +23,9 @@ class CycleRunner:
 
     def identity(self):  # no model file: its cost curve is not cached
         return None
+
+    def weights(self):
+        return Weights(None, "fake")
 
     def new_sequence(self):
         self._next += 1

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from draftwise import prompts
 from draftwise.bench import BenchConfig, load_prompts, run_bench, summarise, write_report
@@ -569,17 +570,28 @@ def test_cli_bench_report_only(tmp_path, capsys):
     assert cli.main(["bench", "--configs", "plain", "eagle:4", "--out", str(out)]) == 2  # one clear error line
 
 
-def test_kernels_are_part_of_the_resolved_conditions():
-    """A torch runner's linear kernels (mode and padding) are recorded, so a resumed run cannot mix
-    padded and unpadded forwards; runners without them (llama.cpp, stock torch) record nothing."""
-    from types import SimpleNamespace
+def test_each_runner_declares_its_weights_and_kernels(tmp_path):
+    """What a run records of its target (precision, kernels, weight bytes), as each runner declares
+    it: a torch runner's linear kernels (mode and padding, so a resumed run cannot mix padded and
+    unpadded forwards; stock torch none), llama.cpp's kernel set and GGUF file, onnx's model files."""
+    from draftwise.backends.base import Weights
+    from draftwise.backends.llama_runner import LlamaRunner
+    from draftwise.backends.ort_runner import OrtRunner
+    from draftwise.backends.torch_runner import TorchRunner
 
-    from draftwise.bench.measure import kernels
-
-    assert kernels(SimpleNamespace(packed="onednn", pad=(0, 6, 6))) == "onednn, pad [0, 6, 6]"
-    assert kernels(SimpleNamespace(packed="onednn", pad=())) == "onednn"
-    assert kernels(SimpleNamespace(packed="off", pad=())) is None
-    assert kernels(SimpleNamespace(model_path="x.gguf")) is None
+    lin = torch.nn.Linear(4, 2).to(torch.bfloat16)  # 10 parameters of 2 bytes
+    torch_runner = lambda packed, pad: SimpleNamespace(model=lin, packed=packed, pad=pad)  # noqa: E731
+    assert TorchRunner.weights(torch_runner("onednn", (0, 6, 6))) == Weights(20, "bfloat16", "onednn, pad [0, 6, 6]")
+    assert TorchRunner.weights(torch_runner("onednn", ())).kernels == "onednn"
+    assert TorchRunner.weights(torch_runner("off", ())).kernels is None
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"x" * 7)
+    assert LlamaRunner.weights(SimpleNamespace(model_path=str(gguf), fast_kernels=True)) == Weights(7, "gguf:m.gguf", "repacked")
+    (tmp_path / "onnx").mkdir()
+    for name, size in (("model.onnx", 3), ("model.onnx.data", 40), ("genai_config.json", 5)):
+        (tmp_path / "onnx" / name).write_bytes(b"x" * size)
+    ort = SimpleNamespace(model_dir=tmp_path / "onnx", model_path=str(tmp_path / "onnx" / "model.onnx"))
+    assert OrtRunner.weights(ort) == Weights(43, "onnx:onnx")  # the graph and its data, not the config
 
 
 def test_cli_bench_goal_reaches_the_printed_table_and_the_summary(tmp_path, capsys):

@@ -16,6 +16,20 @@ class KVState:
     data: object  # the runner's own: llama.cpp's serialized sequence, torch's cache copy
 
 
+@dataclass(frozen=True, slots=True)
+class Weights:
+    """What a bench record says of a runner's weights (`ModelRunner.weights`)."""
+    bytes: int | None  # torch's parameters in memory, or the weight files on disk; None: unknown
+    precision: str  # "bfloat16", "gguf:FILE", "onnx:DIR"
+    kernels: str | None = None  # which linear kernels run them, where there is a choice
+
+
+def torch_weights(model, kernels: str | None = None) -> Weights:
+    """Weights of a torch module: its parameters' bytes and dtype."""
+    params = list(model.parameters())
+    return Weights(sum(p.numel() * p.element_size() for p in params), str(params[0].dtype).removeprefix("torch."), kernels)
+
+
 class Forward(NamedTuple):
     """What `forward_features` returns, per sequence."""
     logits: list[torch.Tensor]  # [k, vocab_size] each, as forward's
@@ -84,6 +98,8 @@ class ModelRunner(Protocol):
     def kv_bytes(self) -> int: ...  # bytes of KV state held now, all sequences
 
     def identity(self) -> dict | None: ...  # what its cost curve depends on besides the machine; None: not cached
+
+    def weights(self) -> Weights: ...  # what a bench record says of its weights
 
     def save(self, seq_id: int) -> KVState: ...  # saves only
 

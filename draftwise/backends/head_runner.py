@@ -18,7 +18,7 @@ import time
 import torch
 from torch import nn
 
-from draftwise.backends.base import check_forward_args, file_identity, padded_parts
+from draftwise.backends.base import Weights, check_forward_args, file_identity, padded_parts, torch_weights
 from draftwise.models.head import DraftHead
 
 
@@ -103,6 +103,9 @@ class HeadRunner:
 
     def kv_bytes(self) -> int:
         return sum(2 * s.k.numel() * s.k.element_size() for s in self._seqs.values() if s.k is not None)
+
+    def weights(self) -> Weights:
+        return torch_weights(self.head)
 
     def identity(self) -> dict | None:
         """Named by its weights file; None (its curve not cached) where that file is not there."""

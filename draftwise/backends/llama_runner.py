@@ -28,7 +28,7 @@ import llama_cpp as _ll
 import numpy as np
 import torch
 
-from draftwise.backends.base import (Forward, KVState, check_forward_args, equal_split_parts, file_identity,
+from draftwise.backends.base import (Forward, KVState, Weights, check_forward_args, equal_split_parts, file_identity,
                                      padded_parts)
 from draftwise.backends.llama_setup import amx_would_crash, gguf_embedding_tables, init_backend, llama_tokenize
 from draftwise.backends.llama_trees import GRAVEYARD, MAX_LEAVES, Tree
@@ -343,6 +343,10 @@ class LlamaRunner:
     def identity(self) -> dict:
         return file_identity(self.model_path, n_threads=self.n_threads, n_batch=self.n_batch,
                              fast_kernels=self.fast_kernels)
+
+    def weights(self) -> Weights:
+        return Weights(os.path.getsize(self.model_path), f"gguf:{os.path.basename(self.model_path)}",
+                       "repacked" if self.fast_kernels else "standard")
 
     def kv_bytes(self) -> int:
         """Bytes of KV state held by live sequences (llama.cpp's per-sequence state size: the K and V

@@ -33,7 +33,7 @@ import numpy as np
 import onnxruntime_genai as og
 import torch
 
-from draftwise.backends.base import check_forward_args, file_identity
+from draftwise.backends.base import Weights, check_forward_args, file_identity
 from draftwise.machine import physical_cores
 
 CONFIG = "genai_config.json"
@@ -112,6 +112,11 @@ class OrtRunner:
 
     def identity(self) -> dict:
         return file_identity(self.model_path, n_threads=self.n_threads, n_batch=None, fast_kernels=None)
+
+    def weights(self) -> Weights:
+        """The model directory's ONNX files (the graph and its external data)."""
+        files = [f for f in self.model_dir.iterdir() if f.name.startswith(Path(self.model_path).name)]
+        return Weights(sum(f.stat().st_size for f in files), f"onnx:{self.model_dir.name}")
 
     def kv_bytes(self) -> int:
         """Bytes of the KV rows the live sequences hold (each generator's buffer is max_context long)."""

@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from draftwise.backends import packed_linear
-from draftwise.backends.base import Forward, KVState, check_forward_args, tree_layout
+from draftwise.backends.base import Forward, KVState, Weights, check_forward_args, torch_weights, tree_layout
 from draftwise.machine import cache_dir
 
 
@@ -154,6 +154,11 @@ class TorchRunner:
 
     def kv_bytes(self) -> int:
         return sum(_cache_bytes(c) for c in self._caches.values())
+
+    def weights(self) -> Weights:
+        """Its parameters; kernels: packed_linear's mode, and how oneDNN pads short calls."""
+        kernels = None if self.packed == "off" else self.packed + (f", pad {list(self.pad)}" if self.pad else "")
+        return torch_weights(self.model, kernels)
 
     def identity(self) -> dict | None:
         """The model by name (a directory can hold several GGUF files: its size tells them apart)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
 import platform
 import threading
 import time
@@ -54,35 +53,6 @@ def timing_fields(t_chunks: list[float], end: float) -> dict:
     """Seconds since request start of each chunk with tokens, and the request's end."""
     itl = [b - a for a, b in zip(t_chunks, t_chunks[1:])]
     return {"ttft_s": t_chunks[0] if t_chunks else None, "itl_s": itl, "e2e_s": end, "chunk_times_s": t_chunks}
-
-
-def weight_bytes(runner) -> int | None:
-    """Bytes of a runner's weights: torch parameters, or the GGUF file llama.cpp maps."""
-    model = getattr(runner, "model", None)
-    if model is not None and hasattr(model, "parameters"):
-        return sum(p.numel() * p.element_size() for p in model.parameters())
-    path = getattr(runner, "model_path", None)
-    return os.path.getsize(path) if path and os.path.isfile(path) else None
-
-
-def precision(runner) -> str:
-    model = getattr(runner, "model", None)
-    if model is not None and hasattr(model, "parameters"):
-        return str(next(model.parameters()).dtype).replace("torch.", "")
-    path = getattr(runner, "model_path", None)
-    return f"gguf:{os.path.basename(path)}" if path else "unknown"
-
-
-def kernels(runner) -> str | None:
-    """A torch runner's linear kernels (packed_linear's mode, and how oneDNN pads short calls), or
-    llama.cpp's (repacked or standard)."""
-    if getattr(runner, "backend", None) == "llama.cpp":
-        return "repacked" if runner.fast_kernels else "standard"
-    mode = getattr(runner, "packed", None)
-    if not mode or mode == "off":
-        return None
-    pad = getattr(runner, "pad", ())
-    return mode + (f", pad {list(pad)}" if pad else "")
 
 
 class _Record:
@@ -190,13 +160,13 @@ class EngineTarget:
         return {k: v for k, v in kw.items() if k != "response_format"} | {"constraint": grammar}
 
     def describe(self) -> dict:
-        d = self.engine.drafter
+        d, target = self.engine.drafter, self.engine.target.weights()
         return {"sequential": False, "backend": self.engine.target.backend,
-                "precision": precision(self.engine.target), "kernels": kernels(self.engine.target),
+                "precision": target.precision, "kernels": target.kernels,
                 "drafter": d.name if d is not None else None,
                 "num_draft_tokens": self.engine.num_draft_tokens if d else 0,
-                "draft_weight_bytes": weight_bytes(self.draft_runner) if self.draft_runner is not None else None,
-                "target_weight_bytes": weight_bytes(self.engine.target)}
+                "draft_weight_bytes": self.draft_runner.weights().bytes if self.draft_runner is not None else None,
+                "target_weight_bytes": target.bytes}
 
 
 def environment() -> dict:
