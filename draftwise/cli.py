@@ -220,8 +220,7 @@ def cmd_verify(a) -> int:
     print(rep.summary())
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(rep.to_dict() if hasattr(rep, "to_dict") else {"verdict": rep.verdict,
-                                                                     "divergences": rep.divergences}, f, indent=1)
+            json.dump(rep.to_dict(), f, indent=1)
     return 0 if rep.verdict == "PASS" else 1
 
 

@@ -227,6 +227,9 @@ class GreedyReport:
     def verdict(self) -> str:
         return "PASS" if not self.divergences else "FAIL"
 
+    def to_dict(self) -> dict:
+        return {"verdict": self.verdict, "prompts": self.prompts, "divergences": self.divergences}
+
     def summary(self) -> str:
         lines = [f"verdict: {self.verdict} ({self.prompts - len(self.divergences)}/{self.prompts} prompts identical)"]
         for d in self.divergences:

@@ -75,6 +75,7 @@ def test_greedy_check_reports_first_divergence():
     other = Engine(Shifted(), tok)
     rep = check_greedy(plain, other, [[0, 1]], max_tokens=6)
     assert rep.verdict == "FAIL" and rep.divergences[0]["position"] == 2
+    assert rep.to_dict() == {"verdict": "FAIL", "prompts": 1, "divergences": rep.divergences}  # verify --json
     assert check_greedy(plain, plain, [[0, 1]], 6).verdict == "PASS"
 
 

@@ -96,7 +96,7 @@ def run_bench(cfg: BenchConfig, engines: dict[str, Engine] | None = None, tokeni
 
     describe = {n: t.describe() for n, t in targets.items()}
     base = describe[cfg.baseline]
-    resolved = {"tokenizer": tok.fingerprint() if hasattr(tok, "fingerprint") else None,
+    resolved = {"tokenizer": tok.fingerprint(),
                 "backend": base.get("backend"), "precision": base.get("precision"),
                 **({"kernels": base["kernels"]} if base.get("kernels") else {})}  # a resume must not mix kernels
     old = Results.load(cfg.out_dir)
