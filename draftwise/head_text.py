@@ -195,7 +195,7 @@ def answers(runner, tok, n: int, max_tokens: int, path: Path, log, batch: int = 
                 def deliver(chunk) -> None:
                     if isinstance(chunk, BaseException):
                         raise chunk
-                    if getattr(chunk, "result", None) is not None:
+                    if chunk.result is not None:
                         done[i] = prompt + chunk.result.token_ids
                         f.write(json.dumps({"i": i, "ids": done[i]}) + "\n")
                         f.flush()
