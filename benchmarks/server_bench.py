@@ -57,41 +57,37 @@ def llama_server_flags(config: str, draft_model: str) -> list[str]:
         raise SystemExit(f"configuration {config!r}: {e}")
 
 
+def peer_config(config: str, methods: tuple[str, ...], expected: str) -> tuple[str, int | None] | None:
+    """None for `plain`; (method, K or None) for `METHOD[K]`, METHOD one of `methods`."""
+    import re
+    if config == "plain":
+        return None
+    m = re.fullmatch(rf"({'|'.join(methods)})(\d*)", config)
+    if m is None:
+        raise SystemExit(f"configuration {config!r}: expected {expected}")
+    return m.group(1), int(m.group(2)) if m.group(2) else None
+
+
 def vllm_flags(config: str, draft_model: str) -> dict | None:
     """`plain` -> None; `ngram` or `ngramK` (vLLM's prompt lookup, n = 2..4, K tokens, default 4),
     `draft[K]` (the draft model's Hugging Face export), `eagle3[K]` (the packaged draft head as
     EAGLE-3) -> its --speculative-config."""
-    import re
-    if config == "plain":
-        return None
-    m = re.fullmatch(r"(ngram|draft|eagle3)(\d*)", config)
-    if m is None:
-        raise SystemExit(f"configuration {config!r}: expected plain, ngram[K], draft[K] or eagle3[K]")
-    return vllm_spec(m.group(1), int(m.group(2) or 4), draft_model)
+    got = peer_config(config, ("ngram", "draft", "eagle3"), "plain, ngram[K], draft[K] or eagle3[K]")
+    return None if got is None else vllm_spec(got[0], got[1] or 4, draft_model)
 
 
 def ov_flags(config: str, draft_model: str) -> list[str]:
     """`plain`; `lookup[K]` (OpenVINO GenAI's prompt lookup) or `draft[K]` (its draft-model
     speculation), K tokens a step (default peers.OV_K)."""
-    import re
-    if config == "plain":
-        return []
-    m = re.fullmatch(r"(lookup|draft)(\d*)", config)
-    if m is None:
-        raise SystemExit(f"configuration {config!r}: expected plain, lookup[K] or draft[K]")
-    return ov_spec(m.group(1), int(m.group(2)) if m.group(2) else None, draft_model)
+    got = peer_config(config, ("lookup", "draft"), "plain, lookup[K] or draft[K]")
+    return [] if got is None else ov_spec(*got, draft_model)
 
 
 def ort_flags(config: str) -> list[str]:
     """`plain`; `ngram` (ONNX Runtime GenAI's n-gram decoding as its docs set it, peers.ORT_NGRAM)
     or `ngramK` (a fixed width of K)."""
-    import re
-    if config == "plain":
-        return []
-    m = re.fullmatch(r"ngram(\d*)", config)
-    if m is None:
-        raise SystemExit(f"configuration {config!r}: expected plain or ngram[K]")
-    return ort_spec(int(m.group(1)) if m.group(1) else None)
+    got = peer_config(config, ("ngram",), "plain or ngram[K]")
+    return [] if got is None else ort_spec(got[1])
 
 
 def draftwise_command(a: argparse.Namespace, config: str, port: int, extra: list[str]) -> list[str]:

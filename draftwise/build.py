@@ -175,16 +175,20 @@ def cheapest_target(spec: EngineSpec, log=None) -> tuple[str, str, tuple]:
     cands = {f"llama.cpp {k}": ("llama.cpp", k) for k in kernels} | (
         {"onnx": ("onnx", "repacked")} if spec.backend == "auto" else {})
 
-    def load(name: str):
-        b, k = cands[name]
-        return load_runner(spec.target, b, spec.threads, spec.max_context, **_backend_kw(b, spec, kernels=k))
+    kw = {n: _backend_kw(b, spec, kernels=k) for n, (b, k) in cands.items()}  # how each is loaded
 
-    key = {"names": list(cands), **file_identity(str(resolve(spec.target).path), threads=spec.threads,
-                                                  max_context=spec.max_context)}
+    def load(name: str):
+        return load_runner(spec.target, cands[name][0], spec.threads, spec.max_context, **kw[name])
+
+    def said(ms: dict[str, float], chosen: str, before: str = "") -> None:
+        if len(cands) > 1:
+            log(f"forwards of 1..8 tokens{before}: " + ", ".join(f"{n} {t:.0f} ms" for n, t in ms.items()) + f": {chosen}")
+
+    key = {"candidates": {n: {"backend": cands[n][0], **kw[n]} for n in cands},
+           **file_identity(str(resolve(spec.target).path), threads=spec.threads, max_context=spec.max_context)}
     kept = remembered_choice(key, KERNEL_KS) if len(cands) > 1 else None
     if kept is not None and kept[0] in cands:
-        log("forwards of 1..8 tokens, measured before: " + ", ".join(f"{n} {t:.0f} ms" for n, t in kept[1].items())
-            + f": {kept[0]}")
+        said(kept[1], kept[0], ", measured before")
         return *cands[kept[0]], load(kept[0])
     loaded = {}
     for n, (b, _) in cands.items():
@@ -196,8 +200,7 @@ def cheapest_target(spec: EngineSpec, log=None) -> tuple[str, str, tuple]:
             log(f"backend auto: onnx left out ({str(e).splitlines()[0][:200]})")
     chosen, ms = cheapest({n: r for n, (r, _) in loaded.items()}, list(KERNEL_KS),
                           key if len(loaded) == len(cands) else None, log=log)
-    if len(cands) > 1:
-        log("forwards of 1..8 tokens: " + ", ".join(f"{n} {t:.0f} ms" for n, t in ms.items()) + f": {chosen}")
+    said(ms, chosen)
     for n, (r, _) in loaded.items():
         if n != chosen:
             r.close()  # the costlier runners

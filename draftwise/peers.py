@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -117,8 +118,6 @@ def genai_command(runtime: str, model: str, port: int, flags: list[str] | None =
     if runtime == "openvino":
         py, path = OV_PYTHON, f"{OV_MODELS}/{model}"
     elif runtime == "onnx":
-        import sys
-
         from draftwise.models.ort_convert import converted_dir
         conv = converted_dir(model)
         if conv is None:

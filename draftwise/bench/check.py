@@ -52,9 +52,8 @@ def reference_config(config: str, baseline: str, configs: set[str]) -> str:
     return baseline
 
 
-def _reference(requests: list[dict], baseline: str) -> dict[str, tuple[dict, dict]]:
+def _reference(requests: list[dict], baseline: str, configs: set[str]) -> dict[str, tuple[dict, dict]]:
     """By reference configuration: (its rows by (prompt, repeat, concurrency), its first row by prompt)."""
-    configs = {r["config"] for r in requests}
     refs = {c: ({}, {}) for c in {reference_config(c, baseline, configs) for c in configs}}
     for r in sorted(requests, key=lambda r: r.get("order", 0)):
         if r["config"] in refs:
@@ -81,8 +80,8 @@ def compare_outputs(ref: dict, r: dict) -> tuple[str, int, object, object] | Non
 def find_mismatches(requests: list[dict], baseline: str, divergences: dict[str, dict] | None = None
                     ) -> tuple[list[Mismatch], int]:
     """(mismatches, number of outputs checked). `divergences` adds margins by request key."""
-    refs = _reference(requests, baseline)
     configs = {r["config"] for r in requests}
+    refs = _reference(requests, baseline, configs)
     out, checked = [], 0
     for r in sorted(requests, key=lambda r: r.get("order", 0)):
         key = (r["prompt_id"], r["repeat"], r["concurrency"])
