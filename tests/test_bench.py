@@ -573,10 +573,9 @@ def test_cli_bench_report_only(tmp_path, capsys):
 def test_each_runner_declares_its_weights_and_kernels(tmp_path):
     """What a run records of its target (precision, kernels, weight bytes), as each runner declares
     it: a torch runner's linear kernels (mode and padding, so a resumed run cannot mix padded and
-    unpadded forwards; stock torch none), llama.cpp's kernel set and GGUF file, onnx's model files."""
+    unpadded forwards; stock torch none), llama.cpp's kernel set and GGUF file."""
     from draftwise.backends.base import Weights
     from draftwise.backends.llama_runner import LlamaRunner
-    from draftwise.backends.ort_runner import OrtRunner
     from draftwise.backends.torch_runner import TorchRunner
 
     lin = torch.nn.Linear(4, 2).to(torch.bfloat16)  # 10 parameters of 2 bytes
@@ -587,6 +586,14 @@ def test_each_runner_declares_its_weights_and_kernels(tmp_path):
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"x" * 7)
     assert LlamaRunner.weights(SimpleNamespace(model_path=str(gguf), fast_kernels=True)) == Weights(7, "gguf:m.gguf", "repacked")
+
+
+def test_the_onnx_runner_declares_its_model_files(tmp_path):
+    """onnx's weights are the graph and its external data, not the runtime's config (the onnx extra)."""
+    pytest.importorskip("onnxruntime_genai", reason="the onnx extra: pip install -e '.[onnx]'")
+    from draftwise.backends.base import Weights
+    from draftwise.backends.ort_runner import OrtRunner
+
     (tmp_path / "onnx").mkdir()
     for name, size in (("model.onnx", 3), ("model.onnx.data", 40), ("genai_config.json", 5)):
         (tmp_path / "onnx" / name).write_bytes(b"x" * size)
