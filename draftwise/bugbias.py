@@ -98,6 +98,8 @@ def predict_bug_bias(target, drafter, eos: frozenset[int], prompt_ids: list[int]
             p1 = warp(target.forward([seq], [[x0]], [1])[0], params)[0].double()  # [V]
             target.truncate(seq, len(prompt_ids))
             prop = drafter.propose(key, prompt_ids + [x0], nodes, params, gen)
+            if prop.options is not None:  # composed with the prediction (build.with_prediction): a
+                prop = _base_member(prop, drafter.name)  # request without one drafts with its base
             if prop.tokens:
                 roots = [j for j, par in enumerate(prop.parents or [-1]) if par == -1]
                 shifts[i] = sibling_shift(p1, prop.draft_probs(p0.shape[0])[roots].double())
@@ -105,3 +107,11 @@ def predict_bug_bias(target, drafter, eos: frozenset[int], prompt_ids: list[int]
         target.free(seq)
         drafter.release(key)
     return BugBias(shift_tv(probs[:k], shifts), max(0.0, float(1 - probs[:k].sum())), k)
+
+
+def _base_member(prop, name: str):
+    """A composed drafter's proposal for a request without a prediction: its base member's."""
+    if name not in prop.options:
+        raise ValueError(f"the bug's bias is predicted for one drafter; drafter {name} chooses among "
+                         f"{', '.join(prop.options)} each round")
+    return prop.options[name]

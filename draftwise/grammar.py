@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from draftwise.tokenizer import Tokenizer
+
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
@@ -46,7 +48,7 @@ class Grammars:
         llg = _llguidance()
         self.vocab_size = vocab_size
         eos = sorted(tokenizer.eos_token_ids)
-        if hasattr(tokenizer, "hf"):
+        if isinstance(tokenizer, Tokenizer):  # a Hugging Face tokenizer: llguidance reads it whole
             import llguidance.hf
             self.tok = llguidance.hf.from_tokenizer(tokenizer.hf, n_vocab=vocab_size, eos_token=eos)
         else:

@@ -35,18 +35,22 @@ DONE = object()  # the end of a generation on its queue
 class TokenQueue:
     """The pipeline's streamer target: token ids (one or several a step, as speculation emits
     them) turned into text pieces on a queue. Text is cut only where it decodes whole (a piece
-    ending in U+FFFD waits for the rest of its bytes)."""
+    ending in U+FFFD waits for the rest of its bytes). Each call decodes a window, not the whole
+    output: the tokens last sent (`ids[prefix:read]`, context for a tokenizer whose text of a token
+    depends on the one before) and the new ones, the new text being what the window adds."""
 
     def __init__(self, decode):
-        self.decode, self.ids, self.sent, self.q, self.cancelled = decode, [], "", queue.Queue(), False
+        self.decode, self.ids, self.q, self.cancelled = decode, [], queue.Queue(), False
+        self.prefix = self.read = 0  # ids[prefix:read]: the tokens of the last piece sent
 
     def put_tokens(self, tokens) -> bool:
         """Returns True when the client has gone and the generation should stop."""
         self.ids.extend(tokens if isinstance(tokens, (list, tuple)) else [tokens])
-        text = self.decode(self.ids)
-        if not text.endswith("\ufffd") and len(text) > len(self.sent):
-            self.q.put(text[len(self.sent):])
-            self.sent = text
+        sent = self.decode(self.ids[self.prefix:self.read]) if self.read > self.prefix else ""
+        text = self.decode(self.ids[self.prefix:])
+        if not text.endswith("\ufffd") and len(text) > len(sent):
+            self.q.put(text[len(sent):])
+            self.prefix, self.read = self.read, len(self.ids)
         return self.cancelled
 
 

@@ -11,8 +11,6 @@ import pytest
 pytest.importorskip("llguidance")
 pytest.importorskip("llama_cpp")
 
-import torch  # noqa: E402
-
 from draftwise.compare import first_divergence  # noqa: E402
 from draftwise.drafters.ngram import NgramDrafter  # noqa: E402
 from draftwise.engine import Engine  # noqa: E402

@@ -1,6 +1,5 @@
 """The grammar constraint (draftwise.grammar) and the acceptance rule on masked distributions
 (draftwise.constrained, draftwise.verifier): hand-built rows with exact expected tokens."""
-import json
 
 import pytest
 import torch

@@ -294,7 +294,6 @@ def test_a_head_exported_for_vllm_feeds_its_fc_the_same_normed_state(tmp_path, c
     """`models export-eagle3`: vLLM's EAGLE-3 hands the head the last layer's output before the
     final norm; with norm_before_fc and the target's final norm as input_norm it computes
     fc(input_norm(h)), what draftwise's head computes from the target's normed state."""
-    from draftwise.models.export import export_eagle3
     from draftwise.models.head import RMSNorm
 
     H, V, dv, L = 8, 40, 6, 5

@@ -156,6 +156,24 @@ def test_predict_bug_bias_on_the_toy_model():
     assert ngram.tv == 0.0
 
 
+def test_the_bias_is_predicted_for_the_drafter_a_request_drafts_with():
+    """`--drafter ngram` serves an n-gram drafter composed with the prediction member; a request
+    without a prediction drafts with the n-gram alone, and the bias predicted is the n-gram's (the
+    composed drafter proposes no tokens of its own: the CLI's predictions were 0)."""
+    from draftwise.build import with_prediction
+    from draftwise.drafters.auto import AutoDrafter
+
+    target = CycleRunner(vocab=6, period=3, sharp=0.0)  # p uniform: the bug's shift p0 (1 - p0) on x
+    prompt, params = [0, 1, 2, 0, 1], SamplingParams(1.0)
+    alone = predict_bug_bias(target, NgramDrafter(1, 3), frozenset(), prompt, params)
+    composed = with_prediction(NgramDrafter(1, 3))
+    assert composed.base == "ngram"
+    assert predict_bug_bias(target, composed, frozenset(), prompt, params).tv == pytest.approx(alone.tv)
+    assert alone.tv > 0.05  # after x0 the n-gram proposes what followed x0 in the prompt
+    with pytest.raises(ValueError, match="chooses among"):
+        predict_bug_bias(target, AutoDrafter({"ngram": NgramDrafter(1, 3)}), frozenset(), prompt, params)
+
+
 def test_power_on_a_two_way_split_meets_the_calculation():
     # required_samples is a two-proportion bound; on a bias over two categories the tests reach it.
     # (Over more categories they spread it over more degrees of freedom and have less power:

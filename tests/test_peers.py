@@ -264,6 +264,26 @@ def test_a_split_character_waits_for_its_second_byte():
     assert tq.q.get_nowait() == "é!" and tq.q.empty()
 
 
+def test_each_piece_decodes_a_window_not_the_whole_output():
+    """A long output's pieces come from decoding the last piece's tokens and the new ones: the work
+    per token stays flat however long the answer (decoding everything each token is O(n) a token)."""
+    mod = genai_server()
+    windows = []
+
+    def decode(ids):
+        windows.append(len(ids))
+        return bytes(ids).decode("utf-8", "replace")
+
+    tq = mod.TokenQueue(decode)
+    text = "naïve café " * 40
+    for b in text.encode():
+        tq.put_tokens(b)
+    pieces = []
+    while not tq.q.empty():
+        pieces.append(tq.q.get_nowait())
+    assert "".join(pieces) == text and max(windows) <= 3  # a 2-byte character waits one token
+
+
 def test_the_runtime_server_answers_the_harness_and_the_openai_client():
     """The wrapper's OpenAI surface, on a byte "model": the harness's streamed completions with
     token ids, and the openai client's chat, streamed and not; bad input is a 400; its counts."""
