@@ -16,6 +16,15 @@ passes, an invalid one is refused). An engine not installed is skipped with a li
 
     .venv/bin/python benchmarks/agents.py engines [--repeats 3] > docs/data/agents_json/grammar_engines.txt
 
+`forced ROWS`: what joining a grammar's forced runs with the drafter's tokens in one round could
+gain, replayed offline on a `json` run's plain answers with n-gram drafts sized by an oracle (the
+tokens the answer took, so each way is at its best and only its rounds differ), priced on a cost
+curve (ms per forward of k tokens): `separate` (a forced run is a round of its own, as draftwise
+drafts today), `then-draft` (the forced run, then the n-gram's continuation), `interleaved`
+(forced run, n-gram tokens, the forced run after them, ... up to --max-draft).
+
+    .venv/bin/python benchmarks/agents.py forced docs/data/agents_json/rows.jsonl [--curve 1:27,2:48,...]
+
 `peers RUN`: a `benchmarks/server_bench.py --api chat` run over the JSON and tool-call rows
 (docs/data/agents_peers/command.sh): per server, the answers valid against their schemas, tool calls
 read back, and seconds per answer (servers lay JSON out differently, so tokens are not comparable).
@@ -64,12 +73,12 @@ def measure(engines: dict, tok, grammars, rows: list[dict], max_tokens: int, out
         for row in rows:
             g = grammars.json_schema(row["response_format"]["json_schema"]["schema"])
             ids = tok.apply_chat(row["messages"])
-            plain = None
+            plain = {}  # per backend (a config's "@BACKEND"): its constrained plain answer, the reference
             for name, eng in engines.items():
                 r = run(eng, ids, g, max_tokens)
                 r.update(id=row["id"], config=name, prompt_tokens=len(ids), valid=valid(g, r["token_ids"], r["text"]))
-                plain = plain or r
-                r["divergence"] = first_divergence(plain["token_ids"], r["token_ids"])
+                ref = plain.setdefault(name.partition("@")[2], r)
+                r["divergence"] = first_divergence(ref["token_ids"], r["token_ids"])
                 f.write(json.dumps({k: v for k, v in r.items() if k != "token_ids"}) + "\n")
                 print(f"{row['id']:10s} {name:7s} {r['tokens']:4d} tok  {r['after_first_ms']:6.1f} ms/tok after "
                       f"the first  grammar {1e3 * r['grammar_s'] / max(r['tokens'], 1):.2f} ms/tok  "
@@ -81,7 +90,7 @@ def table(path: Path) -> str:
     """The markdown table of a rows.jsonl `measure` wrote, speedups against its `plain` config."""
     results = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
     lines = ["| config | tokens | ms/token end to end | ms/token after the first | speedup e2e | speedup after first "
-             "| grammar ms/token | acceptance | valid | identical to plain |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| grammar ms/token | acceptance | valid | identical to its backend's plain |", "|---|---|---|---|---|---|---|---|---|---|"]
 
     def per_token(rs):
         return (sum(r["wall_s"] for r in rs) / sum(r["tokens"] for r in rs),
@@ -106,12 +115,15 @@ def json_main(a) -> int:
     from draftwise.engine import Engine
     from draftwise.grammar import Grammars
     rows = [json.loads(x) for x in WORKLOAD.read_text().splitlines() if x.strip()][: a.limit]
-    target = load_target(EngineSpec(drafter="none", backend="llama.cpp", kernels=a.kernels, max_running=1))
-    runner, tok = target
-    engines = {"plain": Engine(runner, tok, max_running=1)}
-    for d in a.drafters:
-        engines[d] = build_engine(EngineSpec(drafter=d, num_draft_tokens="auto", backend="llama.cpp",
-                                             kernels=a.kernels, max_running=1), target=target)[0]
+    engines = {}
+    for i, backend in enumerate(a.backends):  # the first backend's configs bare, the others' NAME@BACKEND
+        at = "" if i == 0 else f"@{backend}"
+        target = load_target(EngineSpec(drafter="none", backend=backend, kernels=a.kernels, max_running=1))
+        runner, tok = target
+        engines["plain" + at] = Engine(runner, tok, max_running=1)
+        for d in a.drafters:
+            engines[d + at] = build_engine(EngineSpec(drafter=d, num_draft_tokens="auto", backend=backend,
+                                                      kernels=a.kernels, max_running=1), target=target)[0]
     print(table(measure(engines, tok, Grammars(tok, runner.vocab_size), rows, a.max_tokens, Path(a.out))))
     return 0
 
@@ -324,6 +336,80 @@ def peers(run: Path) -> str:
     return "\n".join(lines)
 
 
+# llama.cpp, Qwen2.5-Coder-1.5B, repacked kernels, the EPYC type (docs/design.md): ms per forward of k
+CURVE = "1:27,2:48,4:76,8:132,16:156"
+WAYS = ("separate", "then-draft", "interleaved")
+
+
+def cost_curve(text: str):
+    """'k:ms,...' -> k -> ms, linear between the points, flat past the last."""
+    pts = sorted((int(k), float(ms)) for k, ms in (p.split(":") for p in text.split(",")))
+    ks, ms = [k for k, _ in pts], [m for _, m in pts]
+    return lambda k: float(np.interp(k, ks, ms))
+
+
+def matched(draft: list[int], out: list[int], i: int) -> int:
+    """How many of the draft's tokens the answer took from position i."""
+    a = 0
+    while a < len(draft) and i + a < len(out) and draft[a] == out[i + a]:
+        a += 1
+    return a
+
+
+def replay(out: list[int], prompt: list[int], forced: list[list[int]], way: str, cost, max_draft: int,
+           propose) -> float:
+    """ms to emit out[1:] (out[0] comes from the prefill) one way; forced[i]: the grammar's run at i."""
+    i, ms = 1, 0.0
+    while i < len(out):
+        j = i  # the round verifies out[i:j] and emits out[j] as its bonus
+        while j - i < max_draft and j < len(out):
+            run = forced[j][: max_draft - (j - i)]
+            if run:  # the grammar's run: the round ends where the answer left it, or after it (separate)
+                a = matched(run, out, j)
+                j += a
+                if a < len(run) or way == "separate":
+                    break
+                continue
+            a = matched(propose(prompt + out[:j], max_draft - (j - i)), out, j)
+            j += a
+            if not a or way != "interleaved":
+                break
+        ms += cost(1 + j - i)
+        i = j + 1
+    return ms
+
+
+def forced_main(a) -> int:
+    from draftwise.drafters.ngram import ngram_propose
+    from draftwise.grammar import Grammars
+
+    tok, cost = load_tokenizer(), cost_curve(a.curve)
+    grammars = Grammars(tok, 151936)  # the model's logits width
+    work = {r["id"]: r for r in map(json.loads, filter(str.strip, WORKLOAD.read_text().splitlines()))}
+    answers = [r for r in map(json.loads, filter(str.strip, a.rows.read_text().splitlines())) if r["config"] == "plain"]
+    propose = lambda ctx, n: ngram_propose(np.asarray(ctx, dtype=np.int64), 2, 4, n).tolist() if n > 0 else []  # noqa: E731
+    ms, tokens, forced_tokens = dict.fromkeys(WAYS, 0.0), 0, 0
+    for r in answers:
+        row = work[r["id"]]
+        out = tok.encode(r["text"]) + [min(tok.eos_token_ids)]  # the answer and its end
+        state, forced = grammars.json_schema(row["response_format"]["json_schema"]["schema"]).start(), []
+        for t in out:
+            forced.append(state.forced(a.max_draft))
+            state.advance([t])
+        prompt = tok.apply_chat(row["messages"])
+        for way in WAYS:
+            ms[way] += replay(out, prompt, forced, way, cost, a.max_draft, propose)
+        tokens += len(out) - 1
+        forced_tokens += sum(1 for i in range(1, len(out)) if forced[i] and forced[i][0] == out[i])
+    plain = cost(1) * tokens
+    print(f"{len(answers)} answers, {tokens} tokens after the first, {forced_tokens / tokens:.0%} of them forced; "
+          f"n-gram drafts sized by an oracle; curve {a.curve}")
+    for way in WAYS:
+        print(f"{way:12s} {plain / ms[way]:.3f}x constrained plain")
+    return 0
+
+
+
 def load_tokenizer():
     """The packaged Qwen2.5-Coder tokenizer (draftwise.tokenizer.Tokenizer; `.hf`: transformers')."""
     from draftwise.models.load import load_tokenizer as lt
@@ -339,13 +425,21 @@ def main(argv=None) -> int:
     j.add_argument("--drafters", nargs="+", default=["ngram", "suffix"])
     j.add_argument("--max-tokens", type=int, default=160)
     j.add_argument("--kernels", default="repacked")
+    j.add_argument("--backends", nargs="+", default=["llama.cpp"],
+                   help="each backend's configs in the same run, interleaved per row (llama.cpp onnx)")
     j.add_argument("--limit", type=int, default=None)
     j.add_argument("--table", metavar="ROWS", help="print the table of a saved rows.jsonl and stop")
     e = sub.add_parser("engines", help="llguidance vs xgrammar: mask time and schema coverage")
     e.add_argument("--repeats", type=int, default=3)
+    fr = sub.add_parser("forced", help="forced runs joined with drafts, replayed on a json run's answers")
+    fr.add_argument("rows", type=Path, help="a `json` run's rows.jsonl (its plain answers)")
+    fr.add_argument("--curve", default=CURVE, help=f"ms per forward of k tokens, k:ms,... (default {CURVE})")
+    fr.add_argument("--max-draft", type=int, default=8)
     pr = sub.add_parser("peers", help="validity and seconds per answer of a server_bench.py --api chat run")
     pr.add_argument("run", type=Path)
     a = ap.parse_args(argv)
+    if a.cmd == "forced":
+        return forced_main(a)
     if a.cmd == "peers":
         print(peers(a.run))
         return 0

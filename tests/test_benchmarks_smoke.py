@@ -464,7 +464,25 @@ def test_agents_json_measures_on_toys_and_tables_the_rows(tmp_path, capsys):
     with pytest.raises(SystemExit):
         agents.main(["json", "--help"])
     usage = capsys.readouterr().out
-    assert all(f in usage for f in ("--drafters", "--max-tokens", "--kernels", "--limit", "--out", "--table"))
+    assert all(f in usage for f in ("--drafters", "--max-tokens", "--kernels", "--limit", "--out", "--table",
+                                    "--backends"))
+
+
+def test_agents_forced_replays_the_three_ways_of_joining_forced_runs():
+    """Hand-built answer: a forced run at 1 ({1, 2, 3}), the n-gram's [7, 8] after 3, a forced run at 6
+    ({4, 5, 6}); a forward of k tokens costs 10 + k ms. Rounds by hand: separate [1 2 3]+7, [8]+4,
+    [5 6]+9 = 14 + 12 + 13; then-draft [1 2 3 7 8]+4, [5 6]+9 = 16 + 13; interleaved, one round of 8
+    and the bonus 9 = 19 (against 9 plain steps of 11 ms)."""
+    agents = driver("agents")
+    out = [100, 1, 2, 3, 7, 8, 4, 5, 6, 9]
+    forced = [[], [1, 2, 3], [2, 3], [3], [], [], [4, 5, 6], [5, 6], [6], []]
+    table = {3: [7, 8, 0], 7: [8]}
+    propose = lambda ctx, n: table.get(ctx[-1], [])[:n]  # noqa: E731
+    cost = agents.cost_curve("1:11,16:26")
+    assert cost(1) == 11 and cost(8) == 18
+    ms = {w: agents.replay(out, [5], forced, w, cost, 8, propose) for w in agents.WAYS}
+    assert ms == {"separate": 39, "then-draft": 29, "interleaved": 19}
+    assert agents.replay(out, [5], forced, "interleaved", cost, 4, propose) == 15 + 14  # [1 2 3 7]+8, [4 5 6]+9
 
 
 def test_agents_engines_on_the_toy_tokenizer_skips_a_missing_engine(capsys):
