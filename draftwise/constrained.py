@@ -10,6 +10,11 @@ so the acceptance rule min(1, p'(x) / q'(x)) with residual norm(max(0, p' - q'))
 (draftwise.verify), and the mixture over the two cases is p' too. Greedy: the argmax over the
 allowed tokens at every row, which is constrained plain greedy decoding.
 
+A drafter with a model (a draft model, a head) draws each token from q' itself: the loop hands it
+the request's grammar (drafters.base.DraftItem.masker), which it walks as it drafts, and rolls that
+walk back once drafting ends (draftwise.proposing). Its draft is never cut, q' is its q as drawn,
+and the rule above applies unchanged; cheap drafters (one-hot q) are cut as described.
+
 A run of tokens the grammar fixes (`Constraint.forced`: keys, quotes and separators a schema
 fixes) is a draft of one-hot q = 1 that costs no drafting: the loop verifies it instead of asking
 the draft-length policy (which neither drafts nor learns from that round).

@@ -156,6 +156,13 @@ class Constraint:
             rows.append(self.allowed())
         return torch.stack(rows)
 
+    def extend(self, tokens: list[int]) -> torch.Tensor:  # [V] bool
+        """The mask after `tokens` too, consumed on top of those walked (a drafter with a model walks
+        its draft as it draws it, drafters.base.Masker; `settle(0, [])` rolls them all back)."""
+        for tok in tokens:
+            self._walked.append(self._consume(tok))
+        return self.allowed()
+
     def settle(self, accepted: int, more: list[int]) -> None:
         """Keep `accepted` walked draft tokens, roll back the rest, then consume `more`."""
         if not 0 <= accepted <= len(self._walked):

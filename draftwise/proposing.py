@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from draftwise.drafters.base import Drafter, Proposal, StopRule
+from draftwise.drafters.base import DraftItem, Drafter, Proposal, StopRule
 from draftwise.costs import CostCurve
 
 log = logging.getLogger(__name__)
@@ -131,16 +131,26 @@ class Drafting:
         """Lockstep drafts by the draft model (or `propose_many`, a --drafter auto member); if the
         batched call fails, each request's draft alone once. Timed as every drafting request's."""
         propose_many = propose_many or self.drafter.propose_many
-        items = [(st.key, st.ctx, m.d, st.req.params, st.gen, m.stop) for st, m in work]
+        items = [DraftItem(st.key, st.ctx, m.d, st.req.params, st.gen, m.stop, st.constraint) for st, m in work]
         t = time.perf_counter()
         try:
             out = propose_many(items)
         except Exception as e:  # noqa: BLE001
             log.warning("a batched draft of %d sequences failed; retrying each alone", len(items), exc_info=e)
             self.observer.fault("draft")
+            self._unwalk(work)
             out = [self.guard(st, lambda it=it: propose_many([it])[0]) for (st, _), it in zip(work, items)]
+        finally:
+            self._unwalk(work)
         self._spent([st for st, _ in work], time.perf_counter() - t)
         return out
+
+    def _unwalk(self, work: list) -> None:
+        """Roll back the tokens a drafter walked through each request's grammar while it drew them
+        (the verifier walks the draft again, draftwise.constrained)."""
+        for st, _ in work:
+            if st.constraint is not None:
+                self.guard(st, st.constraint.settle, 0, [])
 
     def _spent(self, sts: list, seconds: float) -> None:
         for st in sts:

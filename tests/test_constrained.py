@@ -10,6 +10,8 @@ from scipy.stats import chisquare
 
 pytest.importorskip("llguidance")
 
+from draftwise.drafters.base import DraftItem  # noqa: E402
+from draftwise.drafters.model import ModelDrafter  # noqa: E402
 from draftwise.engine import Engine  # noqa: E402
 from draftwise.grammar import Grammars  # noqa: E402
 from draftwise.losscheck import BUGS  # noqa: E402
@@ -57,7 +59,8 @@ class Empty(CheapDrafter):
 def test_greedy_speculation_is_constrained_plain_greedy(grammars, schema, seed):
     g = grammars.json_schema(schema)
     plain = Engine(TableRunner(seed=seed), TOK, None, 0).generate([0], max_tokens=60, constraint=g)
-    for drafter, d in ((TableDrafter(seed=seed + 10), 4), (Empty(), 4), (TableDrafter(seed=seed), 8)):
+    for drafter, d in ((TableDrafter(seed=seed + 10), 4), (Empty(), 4), (TableDrafter(seed=seed), 8),
+                       (ModelDrafter(TableRunner(seed=seed + 10)), 4)):
         spec = Engine(TableRunner(seed=seed), TOK, drafter, d).generate([0], max_tokens=60, constraint=g)
         assert spec.token_ids == plain.token_ids, drafter
     assert plain.finish_reason == "stop" and valid(schema, plain.text), plain.text
@@ -72,6 +75,29 @@ def test_forced_runs_are_drafts_that_cost_no_drafting(grammars):
     assert all(r.accepted == r.proposed for r in forced)
     plain = Engine(TableRunner(), TOK, None, 0).generate([0], max_tokens=60, constraint=g)
     assert not plain.rounds  # plain decoding stays plain: no drafter, no forced runs
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0)])
+def test_a_draft_model_draws_each_token_from_its_masked_q(grammars, params):
+    """Under a grammar a draft model draws token i from q' = norm(q * mask), the mask after the
+    draft's tokens before i: its draft is never cut (the same model unmasked is, at its first
+    refused token), q' puts nothing on a refused token, and the grammar's state is left as it was
+    once the loop rolls the walk back (settle)."""
+    g = grammars.json_schema(PAIR)
+    gen = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    c = g.start()
+    c.advance(TOK.encode('{"a'))
+    masked = ModelDrafter(TableRunner(seed=11)).propose_many([DraftItem(0, [0], 8, params, gen(), None, c)])[0]
+    c.settle(0, [])
+    masks = c.walk(masked.tokens)  # [d+1, V]: the grammar allows every token drafted
+    assert len(masked.tokens) == 8 and masks.shape[0] == 9
+    if masked.probs is not None:
+        assert float((masked.probs * ~masks[:8]).sum()) == 0.0
+        assert torch.allclose(masked.probs.sum(-1), torch.ones(8))
+    c.settle(0, [])
+    free = ModelDrafter(TableRunner(seed=11)).propose(0, [0], 8, params, gen())
+    assert c.walk(free.tokens).shape[0] - 1 < 8  # unmasked, the grammar cuts it
+    c.settle(0, [])
 
 
 def test_an_answer_cut_by_max_tokens_ends_with_length(grammars):
@@ -140,14 +166,18 @@ def gof(outs: list[tuple], probs: dict, n: int) -> float:
     return worst
 
 
-def test_sampled_output_follows_the_exact_constrained_distribution_and_a_wrong_rule_does_not(grammars):
+@pytest.mark.parametrize("drafter", [lambda: TableDrafter(scale=1.5), lambda: ModelDrafter(TableRunner(seed=1, scale=1.5))],
+                         ids=["cut-at-refusal", "draft-model-masked"])
+def test_sampled_output_follows_the_exact_constrained_distribution_and_a_wrong_rule_does_not(grammars, drafter):
+    """Either way a drafter meets the grammar (its draft cut at the first refused token, or each
+    token drawn from its masked q'), the output is the constrained target's distribution."""
     g = grammars.json_schema(PAIR)
     params, n, samples = SamplingParams(temperature=1.0), 7, 1200
     probs = exact(TableRunner(scale=1.5), g, 0, n, params)
     assert abs(sum(probs.values()) - 1) < 1e-3
-    good = Engine(TableRunner(scale=1.5), TOK, TableDrafter(scale=1.5), 4)
+    good = Engine(TableRunner(scale=1.5), TOK, drafter(), 4)
     assert gof(draws(good, g, n, samples, params), probs, n) > 1e-3
-    bad = Engine(TableRunner(scale=1.5), TOK, TableDrafter(scale=1.5), 4, **BUGS["resample-from-p"])
+    bad = Engine(TableRunner(scale=1.5), TOK, drafter(), 4, **BUGS["resample-from-p"])
     assert gof(draws(bad, g, n, samples, params), probs, n) < 1e-3  # seeded: the same draws every run
 
 

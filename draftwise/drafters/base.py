@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -67,6 +67,26 @@ class StopRule:
         return i < len(self.go_on) and conf < self.go_on[i]
 
 
+class Masker(Protocol):
+    """A request's grammar as a drafter with a model sees it (draftwise.grammar.Constraint): the
+    mask after the draft's tokens so far, those tokens held until the loop rolls them back."""
+
+    def extend(self, tokens: list[int]) -> torch.Tensor: ...  # [V] bool, after these tokens too
+
+
+class DraftItem(NamedTuple):
+    """One request's draft in a lockstep `propose_many`: `num_tokens` after `context`, early-stopped
+    by `stop`; under a grammar (`masker`), each token drawn from q masked by the grammar's mask
+    after the tokens drafted before it (q' = norm(q * mask): a draft the grammar never cuts)."""
+    seq_key: int
+    context: list[int]
+    num_tokens: int
+    params: SamplingParams
+    generator: torch.Generator | None
+    stop: StopRule | None = None
+    masker: Masker | None = None
+
+
 class Drafter(Protocol):
     """Drafters are stateless towards the engine: `context` is the whole committed sequence
     (prompt + output) at every call; a drafter with its own state reconciles it with `context`
@@ -102,7 +122,7 @@ class Drafter(Protocol):
                 params: SamplingParams, generator: torch.Generator | None,
                 stop: StopRule | None = None) -> Proposal: ...
 
-    def propose_many(self, items: list[tuple]) -> list[Proposal]: ...  # not cheap: see ModelDrafter
+    def propose_many(self, items: list[DraftItem]) -> list[Proposal]: ...  # not cheap: see ModelDrafter
 
     def pending(self, seq_key: int, context: list[int]) -> int: ...
 

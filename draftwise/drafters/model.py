@@ -7,8 +7,8 @@ import numpy as np
 import torch
 
 from draftwise.backends.base import ModelRunner
-from draftwise.drafters.base import Proposal, StopRule, common_prefix
-from draftwise.sampling import SamplingParams, argmax, sample, warp
+from draftwise.drafters.base import DraftItem, Masker, Proposal, StopRule, common_prefix
+from draftwise.sampling import SamplingParams, argmax, mask_logits, sample, warp
 
 
 @dataclass(slots=True)
@@ -36,12 +36,11 @@ class ModelDrafter:
     def propose(self, seq_key: int, context: list[int], num_tokens: int,
                 params: SamplingParams, generator: torch.Generator | None,
                 stop: StopRule | None = None) -> Proposal:
-        return self.propose_many([(seq_key, context, num_tokens, params, generator, stop)])[0]
+        return self.propose_many([DraftItem(seq_key, context, num_tokens, params, generator, stop)])[0]
 
-    def propose_many(self, items: list[tuple]) -> list[Proposal]:
-        """propose() for several sequences in lockstep, each item (seq_key, context, num_tokens,
-        params, generator[, stop]): one draft forward per step carries every sequence
-        still drafting (the catch-ups of all of them in the first), as the server's batch needs."""
+    def propose_many(self, items: list[DraftItem]) -> list[Proposal]:
+        """propose() for several sequences in lockstep: one draft forward per step carries every
+        sequence still drafting (the catch-ups of all of them in the first), as the server's batch needs."""
         runs = [_Run(self._reconcile(it[0], it[1]), *it) for it in items]
         live = [r for r in runs if r.n > 0]
         while live:
@@ -91,8 +90,8 @@ class _Run:
     """One sequence's drafting within propose_many."""
 
     def __init__(self, st: _DraftSeq, key: int, context: list[int], n: int, params: SamplingParams,
-                 generator: torch.Generator | None, stop: StopRule | None = None):
-        self.st, self.n, self.params, self.gen, self.stop = st, n, params, generator, stop
+                 generator: torch.Generator | None, stop: StopRule | None = None, masker: Masker | None = None):
+        self.st, self.n, self.params, self.gen, self.stop, self.masker = st, n, params, generator, stop, masker
         self.feed = context[len(st.fed):]  # the tokens the draft has not seen
         self.tokens: list[int] = []
         self.probs: list[torch.Tensor] = []
@@ -104,6 +103,8 @@ class _Run:
     def step(self, logits: torch.Tensor) -> None:  # logits: [1, V]
         i = len(self.tokens)
         self.forwards += 1
+        if self.masker is not None:  # under a grammar: q' = norm(q * mask), the mask after the draft so far
+            logits = _masked(logits, self.masker.extend(self.tokens[-1:] if i else []))
         if self.params.greedy:
             tok = int(argmax(logits[0]))
             conf = _top_prob(logits[0]) if self.stop else 1.0  # its own p of its token
@@ -128,6 +129,14 @@ class _Run:
     def proposal(self) -> Proposal:
         return Proposal(self.tokens, torch.cat(self.probs) if self.probs else None,
                         self.confs if self.stop or self.probs else None, self.forwards, self.stop_conf)
+
+
+def _masked(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:  # [1, V], allowed [V'] bool
+    """The draft's logits under the grammar's mask (a mask of the target's width V', cut or padded
+    with refusals to the draft's V)."""
+    v = logits.shape[-1]
+    allowed = allowed[:v] if allowed.shape[0] >= v else torch.cat([allowed, allowed.new_zeros(v - allowed.shape[0])])
+    return mask_logits(logits, allowed[None])
 
 
 def _top_prob(row: torch.Tensor) -> float:
