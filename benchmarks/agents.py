@@ -40,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from draftwise.drafters.base import common_prefix
+
 WORKLOAD = Path(__file__).parent / "workloads" / "json_extraction_2026_12_07.jsonl"
 
 
@@ -121,9 +123,11 @@ def json_main(a) -> int:
         target = load_target(EngineSpec(drafter="none", backend=backend, kernels=a.kernels, max_running=1))
         runner, tok = target
         engines["plain" + at] = Engine(runner, tok, max_running=1)
-        for d in a.drafters:
-            engines[d + at] = build_engine(EngineSpec(drafter=d, num_draft_tokens="auto", backend=backend,
-                                                      kernels=a.kernels, max_running=1), target=target)[0]
+        for name in a.drafters:  # NAME (D auto) or NAME:D
+            d, _, n = name.partition(":")
+            engines[name + at] = build_engine(EngineSpec(drafter=d, num_draft_tokens=int(n) if n else "auto",
+                                                         backend=backend, kernels=a.kernels, max_running=1),
+                                              target=target)[0]
     print(table(measure(engines, tok, Grammars(tok, runner.vocab_size), rows, a.max_tokens, Path(a.out))))
     return 0
 
@@ -348,14 +352,6 @@ def cost_curve(text: str):
     return lambda k: float(np.interp(k, ks, ms))
 
 
-def matched(draft: list[int], out: list[int], i: int) -> int:
-    """How many of the draft's tokens the answer took from position i."""
-    a = 0
-    while a < len(draft) and i + a < len(out) and draft[a] == out[i + a]:
-        a += 1
-    return a
-
-
 def replay(out: list[int], prompt: list[int], forced: list[list[int]], way: str, cost, max_draft: int,
            propose) -> float:
     """ms to emit out[1:] (out[0] comes from the prefill) one way; forced[i]: the grammar's run at i."""
@@ -365,12 +361,12 @@ def replay(out: list[int], prompt: list[int], forced: list[list[int]], way: str,
         while j - i < max_draft and j < len(out):
             run = forced[j][: max_draft - (j - i)]
             if run:  # the grammar's run: the round ends where the answer left it, or after it (separate)
-                a = matched(run, out, j)
+                a = common_prefix(run, out[j:])
                 j += a
                 if a < len(run) or way == "separate":
                     break
                 continue
-            a = matched(propose(prompt + out[:j], max_draft - (j - i)), out, j)
+            a = common_prefix(propose(prompt + out[:j], max_draft - (j - i)), out[j:])
             j += a
             if not a or way != "interleaved":
                 break
@@ -422,7 +418,7 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     j = sub.add_parser("json", help="constrained plain vs speculative decoding on the JSON-extraction workload")
     j.add_argument("--out", default="docs/data/agents_json")
-    j.add_argument("--drafters", nargs="+", default=["ngram", "suffix"])
+    j.add_argument("--drafters", nargs="+", default=["ngram", "suffix"], help="NAME (D auto) or NAME:D each")
     j.add_argument("--max-tokens", type=int, default=160)
     j.add_argument("--kernels", default="repacked")
     j.add_argument("--backends", nargs="+", default=["llama.cpp"],

@@ -7,4 +7,5 @@ flock /work/runs/cpu.lock .venv/bin/python benchmarks/agents.py json --out docs/
 # grammar_engines.txt (xgrammar is not a dependency; without it its column is skipped):
 # pip install xgrammar==0.2.9 && .venv/bin/python benchmarks/agents.py engines --repeats 3 > docs/data/agents_json/grammar_engines.txt
 # the draft model at a fixed D = 4 under the grammar (model_d4_rows.jsonl), beside constrained plain:
-flock /work/runs/cpu.lock .venv/bin/python docs/data/agents_json/model_d4.py /tmp/json_model
+flock /work/runs/cpu.lock .venv/bin/python benchmarks/agents.py json --out /tmp/json_model --drafters model:4 --max-tokens 160
+cp /tmp/json_model/rows.jsonl docs/data/agents_json/model_d4_rows.jsonl
